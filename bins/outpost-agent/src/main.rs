@@ -1,0 +1,58 @@
+//! `outpost-agent`: the worker agent. It serves the health probe listener, runs the
+//! node-stack lifecycle steps (`node up|down|reset|upgrade|status`), and computes the
+//! worker half of the tunnel route (`kubelet-port`, `tunnel-config`).
+//!
+//! Operations: `docs/outpost-agent.md`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod health_cmd;
+mod node_cmd;
+mod tunnel_cmd;
+
+/// The worker agent.
+#[derive(Debug, Parser)]
+#[command(name = "outpost-agent", version, about, long_about = None)]
+struct Cli {
+    #[command(flatten)]
+    log: cmdline::LogArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve /healthz and /readyz standalone until SIGINT/SIGTERM.
+    Health(health_cmd::Args),
+    /// Print the kubelet port derived from a node name.
+    KubeletPort(tunnel_cmd::KubeletPortArgs),
+    /// Print the tunnel client configuration that publishes this node's kubelet.
+    TunnelConfig(tunnel_cmd::TunnelConfigArgs),
+    /// Start, stop, reset, upgrade or inspect the node stack on this host.
+    #[command(subcommand)]
+    Node(node_cmd::Command),
+}
+
+fn main() -> ExitCode {
+    cmdline::install_crypto_provider();
+    let cli = Cli::parse();
+    cli.log.init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Health(args) => health_cmd::run(args).await,
+            Command::KubeletPort(args) => tunnel_cmd::kubelet_port(args),
+            Command::TunnelConfig(args) => tunnel_cmd::tunnel_config(args),
+            Command::Node(cmd) => node_cmd::run(cmd).await,
+        }
+    });
+    cmdline::exit_code(result)
+}

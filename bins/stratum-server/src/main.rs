@@ -1,0 +1,63 @@
+//! `stratum-server`: the control-plane host daemon. It grows a control plane from one
+//! controller to several (PKI, bootstrap tokens and encrypted cert grants, etcd membership
+//! and health) and keeps Node addresses patched so the API server reaches kubelets through
+//! their tunnels.
+//!
+//! Operations: `docs/stratum-server.md`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod certs_cmd;
+mod etcd_cmd;
+mod nodes_cmd;
+mod token_cmd;
+
+/// The control-plane host daemon.
+#[derive(Debug, Parser)]
+#[command(name = "stratum-server", version, about, long_about = None)]
+struct Cli {
+    #[command(flatten)]
+    log: cmdline::LogArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Node address reconciliation: run it, or print what it sees.
+    #[command(subcommand)]
+    Nodes(nodes_cmd::Command),
+    /// Generate or check the cluster PKI.
+    #[command(subcommand)]
+    Certs(certs_cmd::Command),
+    /// Bootstrap tokens and control-plane cert grants.
+    #[command(subcommand)]
+    Token(token_cmd::Command),
+    /// etcd cluster health and membership.
+    #[command(subcommand)]
+    Etcd(etcd_cmd::Command),
+}
+
+fn main() -> ExitCode {
+    cmdline::install_crypto_provider();
+    let cli = Cli::parse();
+    cli.log.init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Nodes(cmd) => nodes_cmd::run(cmd).await,
+            Command::Certs(cmd) => certs_cmd::run(cmd).await,
+            Command::Token(cmd) => token_cmd::run(cmd).await,
+            Command::Etcd(cmd) => etcd_cmd::run(cmd).await,
+        }
+    });
+    cmdline::exit_code(result)
+}

@@ -1,0 +1,100 @@
+//! What the three binaries (`stratum-server`, `outpost-agent`, `nebula-manager`) share, so
+//! each `main.rs` stays a few lines: the logging flags, the process-wide rustls crypto
+//! provider, and a shutdown token driven by SIGINT/SIGTERM.
+//!
+//! Libraries never call into this crate; it is only for composition roots.
+
+use clap::{Args, ValueEnum};
+use tokio_util::sync::CancellationToken;
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Logging flags every binary accepts (`#[command(flatten)]` them).
+#[derive(Clone, Debug, Args)]
+pub struct LogArgs {
+    /// Log format: text for people, json for log shippers.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// Log filter in tracing's EnvFilter syntax (e.g. `info`, `nodeaddr=debug`).
+    /// Overrides `RUST_LOG` when given.
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+}
+
+impl LogArgs {
+    /// Installs the global tracing subscriber. Logs go to stderr so that stdout stays
+    /// clean for command output (`-o json`, printed ports and configs).
+    pub fn init(&self) {
+        use tracing_subscriber::EnvFilter;
+        let filter = match &self.log_level {
+            Some(level) => EnvFilter::new(level),
+            None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        };
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        // A second init (tests that call a binary's `run` twice) is harmless: keep the first.
+        let _ = match self.log_format {
+            LogFormat::Text => builder.try_init(),
+            LogFormat::Json => builder.json().try_init(),
+        };
+    }
+}
+
+/// Installs ring as rustls' process-wide crypto provider. Call once at the start of `main`,
+/// before any TLS client or server is built; a second call is a no-op.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Returns a token cancelled on the first SIGINT or SIGTERM. A second signal exits the
+/// process at once with status 130, for an operator whose graceful shutdown is stuck.
+pub fn shutdown_token() -> CancellationToken {
+    let token = CancellationToken::new();
+    let child = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested; send the signal again to exit at once");
+        child.cancel();
+        wait_for_signal().await;
+        tracing::warn!("second shutdown signal: exiting without waiting");
+        std::process::exit(130);
+    });
+    token
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the process still dies on the default action.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// Turns a command's result into the process exit code: the command's own code on success,
+/// 1 with the whole error chain on stderr on failure.
+pub fn exit_code(result: anyhow::Result<std::process::ExitCode>) -> std::process::ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Grow a control plane from one controller to several without risking etcd quorum.

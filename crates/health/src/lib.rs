@@ -1,0 +1,1 @@
+//! Truthful, leak-free /healthz and /readyz for a node agent.

@@ -1,0 +1,1 @@
+//! Start, upgrade, roll back and reset a node stack on a host.

@@ -1,0 +1,1 @@
+//! Derived kubelet tunnel routes and the Node address reconciler.

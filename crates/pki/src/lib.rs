@@ -1,0 +1,1 @@
+//! The cluster PKI: CAs, leaf certificates and kubeconfigs, written safely.

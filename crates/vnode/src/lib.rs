@@ -1,0 +1,1 @@
+//! A virtual kubelet: pods become external instances of a provider.

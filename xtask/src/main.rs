@@ -1,0 +1,112 @@
+//! `cargo xtask`: project automation that would otherwise live in shell scripts.
+//!
+//! - `cargo xtask ci`: everything CI checks (format, clippy with `-D warnings`, every test).
+//! - `cargo xtask bench <name>`: one benchmark (a `harness = false` bench target owned by
+//!   the crate it measures); each prints its figures as ratios against a baseline measured
+//!   in the same run. Figures are recorded by hand in `docs/benchmarks.md`.
+
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Run what CI runs: fmt --check, clippy -D warnings, the whole test suite.
+    Ci,
+    /// Run one benchmark; `cargo xtask bench --list` lists them.
+    Bench {
+        /// Benchmark name (see --list).
+        name: Option<String>,
+        /// List the benchmarks.
+        #[arg(long)]
+        list: bool,
+    },
+}
+
+/// Every benchmark: (name, package, bench target, what it measures).
+const BENCHES: &[(&str, &str, &str, &str)] = &[(
+    "health",
+    "health",
+    "health",
+    "probe listener requests/s and p99 against a bare hyper server",
+)];
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Task::Ci => ci(),
+        Task::Bench { list: true, .. } | Task::Bench { name: None, .. } => {
+            for (name, _, _, what) in BENCHES {
+                println!("{name:<12} {what}");
+            }
+            Ok(())
+        }
+        Task::Bench { name: Some(name), .. } => {
+            let Some((_, package, target, _)) = BENCHES.iter().find(|b| b.0 == name) else {
+                bail!("no benchmark named {name:?}; `cargo xtask bench --list` lists them");
+            };
+            cargo(&["bench", "-p", package, "--bench", target])
+        }
+    }
+}
+
+fn ci() -> anyhow::Result<()> {
+    cargo(&["fmt", "--all", "--check"]).context("formatting differs: run `cargo fmt --all`")?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    let nextest = Command::new("cargo")
+        .args(["nextest", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !nextest {
+        bail!("cargo-nextest is missing: install it with `cargo install cargo-nextest --locked`");
+    }
+    cargo(&[
+        "nextest",
+        "run",
+        "--workspace",
+        "--locked",
+        "--profile",
+        "ci",
+        "--no-fail-fast",
+    ])?;
+    // nextest does not run doctests.
+    cargo(&["test", "--workspace", "--locked", "--doc"])
+}
+
+fn cargo(args: &[&str]) -> anyhow::Result<()> {
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let status = Command::new(env!("CARGO"))
+        .args(args)
+        .status()
+        .with_context(|| format!("cannot run cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
