@@ -1,1 +1,7 @@
-//! Grow a control plane from one controller to several without risking etcd quorum.
+//! Grows a control plane from one controller to several without risking etcd quorum or
+//! leaking the cluster's CA keys.
+
+pub mod etcd;
+pub mod grants;
+pub mod journal;
+pub mod tokens;

@@ -1,1 +1,7 @@
-//! A test double of the Kubernetes API server for tests and the local sandbox (never a production control plane).
+//! A test double of the Kubernetes API server, for this project's tests and its local
+//! sandbox. It is never a production control plane.
+
+pub mod body;
+pub mod kubelet;
+pub mod proxy;
+pub mod status;

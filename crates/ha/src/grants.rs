@@ -1,0 +1,1 @@
+//! Encrypted shared-cert grants.

@@ -1,0 +1,1 @@
+//! The join intent journal.

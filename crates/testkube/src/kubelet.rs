@@ -1,0 +1,1 @@
+//! A stub kubelet serving the streaming endpoints, for tests.

@@ -1,0 +1,1 @@
+//! Forwarding of `pods/log`, `pods/exec`, `pods/attach`, `pods/portforward` to the kubelet.

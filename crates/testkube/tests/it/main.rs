@@ -1,0 +1,3 @@
+//! Conformance tests for the API double, run with real clients.
+mod conformance;
+mod kubectl;
