@@ -1,1 +1,731 @@
-//! Bootstrap tokens.
+//! Bootstrap tokens: the short-lived credentials a joining node presents before it has a
+//! certificate of its own.
+//!
+//! A token is `<id>.<secret>` (`[a-z0-9]{6}.[a-z0-9]{16}`), stored as the Secret
+//! `kube-system/bootstrap-token-<id>` of type `bootstrap.kubernetes.io/token`, the shape
+//! kube-apiserver's bootstrap authenticator and the token cleaner read. A control-plane token
+//! carries one more group than a worker's, [`CONTROL_PLANE_GROUP`], the only group the grant
+//! Secret's reader binding names: a worker token cannot read the shared certs.
+//!
+//! Main items: [`BootstrapToken`] (generate, parse), [`token_secret`] (the Secret, pure),
+//! [`create_token`] (mint it), [`token_state`] (live, expired or gone, pure) and
+//! [`token_from_kubeconfig`] (which token a bootstrap kubeconfig carries).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, PostParams};
+use rand::Rng as _;
+
+/// Namespace of every bootstrap token Secret.
+pub const TOKEN_NAMESPACE: &str = "kube-system";
+/// Name prefix of a bootstrap token Secret; the token id follows.
+pub const TOKEN_SECRET_PREFIX: &str = "bootstrap-token-";
+/// Secret type the bootstrap authenticator looks for.
+pub const TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
+/// The group every token joins as: the one kubeadm's node bootstrap RBAC names.
+pub const WORKER_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token";
+/// The extra group of a control-plane token: the only subject allowed to get the grant
+/// Secret.
+pub const CONTROL_PLANE_GROUP: &str = "system:bootstrappers:stratum:control-plane";
+
+const ID_LEN: usize = 6;
+const SECRET_LEN: usize = 16;
+const ALPHABET: &[u8; 36] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+const GROUP_PREFIX: &str = "system:bootstrappers:";
+
+/// A bootstrap token, `<id>.<secret>`. Its `Display` is the whole token (what a join
+/// command carries); its `Debug` hides the secret half.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BootstrapToken {
+    id: String,
+    secret: String,
+}
+
+impl BootstrapToken {
+    /// A fresh token from a CSPRNG (rand's thread RNG, seeded from the OS), each character
+    /// drawn uniformly from `[a-z0-9]`.
+    pub fn generate() -> BootstrapToken {
+        let mut rng = rand::rng();
+        let mut draw = |len: usize| -> String {
+            (0..len)
+                .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+                .collect()
+        };
+        let id = draw(ID_LEN);
+        let secret = draw(SECRET_LEN);
+        BootstrapToken { id, secret }
+    }
+
+    /// Parses `<id>.<secret>`, explaining what is wrong with a malformed one.
+    pub fn parse(text: &str) -> Result<BootstrapToken, TokenError> {
+        let text = text.trim();
+        let malformed = |reason: String| TokenError::Malformed { reason };
+        let Some((id, secret)) = text.split_once('.') else {
+            return Err(malformed(
+                "it has no '.' between the 6-character id and the 16-character secret".into(),
+            ));
+        };
+        check_part(id, ID_LEN, "id").map_err(malformed)?;
+        check_part(secret, SECRET_LEN, "secret").map_err(malformed)?;
+        Ok(BootstrapToken {
+            id: id.to_string(),
+            secret: secret.to_string(),
+        })
+    }
+
+    /// The public half, which names the Secret and the grant entry.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The private half.
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+
+    /// `bootstrap-token-<id>`.
+    pub fn secret_name(&self) -> String {
+        token_secret_name(&self.id)
+    }
+}
+
+fn check_part(part: &str, len: usize, what: &str) -> Result<(), String> {
+    if part.len() != len {
+        return Err(format!(
+            "the {what} is {} characters long, it must be {len}",
+            part.chars().count()
+        ));
+    }
+    if let Some(c) = part
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit()))
+    {
+        return Err(format!(
+            "the {what} contains {c:?}; only lowercase letters and digits are allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `id` is a well-formed token id (`[a-z0-9]{6}`).
+pub fn is_token_id(id: &str) -> bool {
+    check_part(id, ID_LEN, "id").is_ok()
+}
+
+impl fmt::Display for BootstrapToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.id, self.secret)
+    }
+}
+
+impl fmt::Debug for BootstrapToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BootstrapToken({}.<redacted>)", self.id)
+    }
+}
+
+/// `bootstrap-token-<id>`.
+pub fn token_secret_name(id: &str) -> String {
+    format!("{TOKEN_SECRET_PREFIX}{id}")
+}
+
+/// Which kind of node a token joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenRole {
+    /// A worker: the default node-token group only.
+    Worker,
+    /// A control plane: the worker group plus [`CONTROL_PLANE_GROUP`].
+    ControlPlane,
+}
+
+impl TokenRole {
+    /// The `auth-extra-groups` this role's token carries.
+    pub fn groups(self) -> &'static [&'static str] {
+        match self {
+            TokenRole::Worker => &[WORKER_GROUP],
+            TokenRole::ControlPlane => &[WORKER_GROUP, CONTROL_PLANE_GROUP],
+        }
+    }
+}
+
+/// Checks a group against what the bootstrap authenticator accepts:
+/// `system:bootstrappers:[a-z0-9:-]{0,255}[a-z0-9]`.
+pub fn validate_group(group: &str) -> Result<(), TokenError> {
+    let invalid = |reason: &str| TokenError::InvalidGroup {
+        group: group.to_string(),
+        reason: reason.to_string(),
+    };
+    let Some(rest) = group.strip_prefix(GROUP_PREFIX) else {
+        return Err(invalid("it must start with \"system:bootstrappers:\""));
+    };
+    if rest.is_empty() || rest.len() > 256 {
+        return Err(invalid(
+            "1 to 256 characters must follow \"system:bootstrappers:\"",
+        ));
+    }
+    if !rest
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b':' || b == b'-')
+    {
+        return Err(invalid(
+            "only lowercase letters, digits, ':' and '-' are allowed",
+        ));
+    }
+    if !rest
+        .bytes()
+        .last()
+        .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return Err(invalid("it must end with a lowercase letter or a digit"));
+    }
+    Ok(())
+}
+
+/// The bootstrap token Secret for `token` (pure). Groups are validated so a typo fails here
+/// rather than as a token the authenticator silently ignores.
+pub fn token_secret(
+    token: &BootstrapToken,
+    role: TokenRole,
+    expiration: DateTime<Utc>,
+    description: Option<&str>,
+) -> Result<Secret, TokenError> {
+    for group in role.groups() {
+        validate_group(group)?;
+    }
+    let mut data = std::collections::BTreeMap::new();
+    let mut put = |key: &str, value: &str| {
+        data.insert(key.to_string(), ByteString(value.as_bytes().to_vec()));
+    };
+    put("token-id", token.id());
+    put("token-secret", token.secret());
+    put(
+        "expiration",
+        &expiration.to_rfc3339_opts(SecondsFormat::Secs, true),
+    );
+    put("usage-bootstrap-authentication", "true");
+    put("usage-bootstrap-signing", "true");
+    put("auth-extra-groups", &role.groups().join(","));
+    if let Some(description) = description {
+        put("description", description);
+    }
+    Ok(Secret {
+        metadata: ObjectMeta {
+            name: Some(token.secret_name()),
+            namespace: Some(TOKEN_NAMESPACE.to_string()),
+            ..ObjectMeta::default()
+        },
+        type_: Some(TOKEN_SECRET_TYPE.to_string()),
+        data: Some(data),
+        ..Secret::default()
+    })
+}
+
+/// Whether a grant's token still lets its holder read the grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenState {
+    /// The token Secret exists and has not expired.
+    Live,
+    /// The token Secret exists but its expiration has passed (or cannot be read, which the
+    /// bootstrap authenticator also treats as expired).
+    Expired,
+    /// The token Secret does not exist.
+    Gone,
+}
+
+/// Judges a token Secret as read (`None`: not found) at `now` (pure).
+pub fn token_state(secret: Option<&Secret>, now: DateTime<Utc>) -> TokenState {
+    let Some(secret) = secret else {
+        return TokenState::Gone;
+    };
+    if secret.metadata.deletion_timestamp.is_some() {
+        return TokenState::Gone;
+    }
+    let expiration = secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get("expiration"))
+        .map(|value| String::from_utf8_lossy(&value.0).into_owned());
+    match expiration {
+        // No expiration: a token that never expires (kubeadm's --ttl 0).
+        None => TokenState::Live,
+        Some(text) => match DateTime::parse_from_rfc3339(text.trim()) {
+            Ok(at) if at.with_timezone(&Utc) > now => TokenState::Live,
+            _ => TokenState::Expired,
+        },
+    }
+}
+
+/// A token this process minted, with what the grant Secret's owner reference needs.
+#[derive(Debug, Clone)]
+pub struct MintedToken {
+    /// The token itself.
+    pub token: BootstrapToken,
+    /// When it expires.
+    pub expiration: DateTime<Utc>,
+    /// The UID the API server gave its Secret.
+    pub uid: String,
+}
+
+impl MintedToken {
+    /// An owner reference to the token Secret, so garbage collection can reap what the
+    /// token owns once it is gone.
+    pub fn owner_reference(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: "v1".into(),
+            kind: "Secret".into(),
+            name: self.token.secret_name(),
+            uid: self.uid.clone(),
+            controller: None,
+            block_owner_deletion: None,
+        }
+    }
+}
+
+/// Creates a fresh token Secret expiring `ttl` after `now`.
+pub async fn create_token(
+    client: &kube::Client,
+    role: TokenRole,
+    ttl: Duration,
+    description: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<MintedToken, TokenError> {
+    if ttl.is_zero() {
+        return Err(TokenError::Ttl {
+            text: "0".into(),
+            reason: "a token that never expires is refused: give a positive --ttl".into(),
+        });
+    }
+    let ttl = chrono::Duration::from_std(ttl).map_err(|_| TokenError::Ttl {
+        text: format!("{ttl:?}"),
+        reason: "too long".into(),
+    })?;
+    let expiration = now + ttl;
+    let api: Api<Secret> = Api::namespaced(client.clone(), TOKEN_NAMESPACE);
+    // 36^6 ids: a collision with a live token is rare, but a retry costs nothing and an
+    // AlreadyExists must never overwrite someone else's token.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let token = BootstrapToken::generate();
+        let secret = token_secret(&token, role, expiration, description)?;
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(created) => {
+                let uid = created.metadata.uid.ok_or_else(|| TokenError::NoUid {
+                    name: token.secret_name(),
+                })?;
+                tracing::info!(token_id = %token.id(), ?role, %expiration, "minted bootstrap token");
+                return Ok(MintedToken {
+                    token,
+                    expiration,
+                    uid,
+                });
+            }
+            Err(kube::Error::Api(status)) if status.is_already_exists() && attempts < 3 => {
+                continue;
+            }
+            Err(source) => {
+                return Err(TokenError::Api {
+                    name: token.secret_name(),
+                    action: "create",
+                    source: Box::new(source),
+                });
+            }
+        }
+    }
+}
+
+/// Reads a token's Secret and judges it at `now`. Not found is [`TokenState::Gone`]; an API
+/// server that cannot be asked is an error, never "gone".
+pub async fn lookup_token_state(
+    client: &kube::Client,
+    token_id: &str,
+    now: DateTime<Utc>,
+) -> Result<TokenState, TokenError> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), TOKEN_NAMESPACE);
+    let name = token_secret_name(token_id);
+    let secret = api.get_opt(&name).await.map_err(|source| TokenError::Api {
+        name: name.clone(),
+        action: "read",
+        source: Box::new(source),
+    })?;
+    Ok(token_state(secret.as_ref(), now))
+}
+
+/// Parses a token lifetime: a sequence of `<n>h`, `<n>m`, `<n>s` (e.g. `2h`, `1h30m`,
+/// `90s`), like Go's durations without fractions.
+pub fn parse_ttl(text: &str) -> Result<Duration, TokenError> {
+    let bad = |reason: &str| TokenError::Ttl {
+        text: text.to_string(),
+        reason: reason.to_string(),
+    };
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(bad("it is empty; write e.g. 2h, 30m or 1h30m"));
+    }
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    for c in trimmed.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return Err(bad("units are h, m and s; write e.g. 2h, 30m or 1h30m")),
+        };
+        if digits.is_empty() {
+            return Err(bad("a unit must follow a number; write e.g. 2h or 1h30m"));
+        }
+        let n: u64 = digits.parse().map_err(|_| bad("the number is too large"))?;
+        total = n
+            .checked_mul(unit)
+            .and_then(|s| total.checked_add(s))
+            .ok_or_else(|| bad("the duration is too large"))?;
+        digits.clear();
+    }
+    if !digits.is_empty() {
+        return Err(bad(
+            "the last number has no unit; write e.g. 2h, 30m or 90s",
+        ));
+    }
+    Ok(Duration::from_secs(total))
+}
+
+/// The bootstrap token a kubeconfig authenticates with: the token of the current context's
+/// user (or of the only user when there is no current context). Read from the file's own
+/// auth info, not from a built client config, because the token id must be known whatever
+/// transport the client ends up using.
+pub fn token_from_kubeconfig(path: &Path) -> Result<BootstrapToken, TokenError> {
+    let bad = |reason: String| TokenError::Kubeconfig {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|err| bad(format!("cannot read it: {err}")))?;
+    let config: MiniKubeconfig =
+        serde_yaml::from_str(&text).map_err(|err| bad(format!("not a kubeconfig: {err}")))?;
+    let user_name = match config.current_context.as_deref().filter(|c| !c.is_empty()) {
+        Some(current) => {
+            let context = config
+                .contexts
+                .iter()
+                .find(|c| c.name == current)
+                .ok_or_else(|| bad(format!("its current context {current:?} is not defined")))?;
+            context.context.user.clone()
+        }
+        None if config.users.len() == 1 => config.users[0].name.clone(),
+        None => {
+            return Err(bad(
+                "it has no current context and more than one user; set current-context".into(),
+            ));
+        }
+    };
+    let user = config
+        .users
+        .iter()
+        .find(|u| u.name == user_name)
+        .ok_or_else(|| bad(format!("its user {user_name:?} is not defined")))?;
+    let token = user
+        .user
+        .token
+        .as_deref()
+        .ok_or_else(|| bad(format!("user {user_name:?} has no bootstrap token")))?;
+    BootstrapToken::parse(token).map_err(|err| bad(format!("user {user_name:?}: {err}")))
+}
+
+#[derive(serde::Deserialize)]
+struct MiniKubeconfig {
+    #[serde(rename = "current-context", default)]
+    current_context: Option<String>,
+    #[serde(default)]
+    contexts: Vec<MiniNamedContext>,
+    #[serde(default)]
+    users: Vec<MiniNamedUser>,
+}
+
+#[derive(serde::Deserialize)]
+struct MiniNamedContext {
+    name: String,
+    context: MiniContext,
+}
+
+#[derive(serde::Deserialize)]
+struct MiniContext {
+    #[serde(default)]
+    user: String,
+}
+
+#[derive(serde::Deserialize)]
+struct MiniNamedUser {
+    name: String,
+    #[serde(default)]
+    user: MiniUser,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct MiniUser {
+    #[serde(default)]
+    token: Option<String>,
+}
+
+/// What went wrong with a token.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// Not `[a-z0-9]{6}.[a-z0-9]{16}`.
+    #[error(
+        "not a bootstrap token: {reason} (expected <6 chars>.<16 chars> of a-z and 0-9, as \
+         `stratum-server token create` prints)"
+    )]
+    Malformed {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A group the bootstrap authenticator would ignore.
+    #[error("bootstrap token group {group:?} is invalid: {reason}")]
+    InvalidGroup {
+        /// The group.
+        group: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A TTL that cannot be used.
+    #[error("token lifetime {text:?} is invalid: {reason}")]
+    Ttl {
+        /// The text given.
+        text: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The API server refused or could not be reached.
+    #[error("cannot {action} bootstrap token Secret {TOKEN_NAMESPACE}/{name}: {source}")]
+    Api {
+        /// The Secret's name.
+        name: String,
+        /// What was being done.
+        action: &'static str,
+        /// The client's error.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The API server answered a create without the object's UID, which owner references
+    /// need.
+    #[error(
+        "the API server created {TOKEN_NAMESPACE}/{name} but returned no metadata.uid; \
+         delete the token and retry against a conforming API server"
+    )]
+    NoUid {
+        /// The Secret's name.
+        name: String,
+    },
+    /// A bootstrap kubeconfig that does not carry a usable token.
+    #[error("bootstrap kubeconfig {}: {reason}", path.display())]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_tokens_are_well_formed_and_distinct() {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            let token = BootstrapToken::generate();
+            let text = token.to_string();
+            assert_eq!(text.len(), 23);
+            assert_eq!(BootstrapToken::parse(&text).unwrap(), token);
+            assert!(seen.insert(text));
+        }
+    }
+
+    #[test]
+    fn generated_characters_cover_the_alphabet() {
+        // 200 tokens draw 4400 characters; every one of 36 symbols must appear, or the
+        // draw is not uniform over [a-z0-9].
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            let token = BootstrapToken::generate();
+            seen.extend(token.id().chars());
+            seen.extend(token.secret().chars());
+        }
+        assert_eq!(seen.len(), 36);
+    }
+
+    #[test]
+    fn parse_explains_what_is_wrong() {
+        let cases = [
+            ("abcdef0123456789abcdef", "no '.'"),
+            ("abcde.0123456789abcdef", "id is 5 characters"),
+            ("abcdef.0123456789abcde", "secret is 15 characters"),
+            ("ABCDEF.0123456789abcdef", "contains 'A'"),
+            ("abcdef.0123456789abcde_", "contains '_'"),
+        ];
+        for (text, want) in cases {
+            let err = BootstrapToken::parse(text).unwrap_err().to_string();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+        assert!(BootstrapToken::parse(" abcdef.0123456789abcdef\n").is_ok());
+    }
+
+    #[test]
+    fn debug_hides_the_secret() {
+        let token = BootstrapToken::parse("abcdef.0123456789abcdef").unwrap();
+        assert_eq!(format!("{token:?}"), "BootstrapToken(abcdef.<redacted>)");
+    }
+
+    #[test]
+    fn groups_follow_the_authenticator_pattern() {
+        for role in [TokenRole::Worker, TokenRole::ControlPlane] {
+            for group in role.groups() {
+                validate_group(group).unwrap();
+            }
+        }
+        for bad in [
+            "system:masters",
+            "system:bootstrappers:",
+            "system:bootstrappers:Upper",
+            "system:bootstrappers:trailing-",
+            "system:bootstrappers:trailing:",
+            "system:bootstrappers:sp ace",
+        ] {
+            assert!(validate_group(bad).is_err(), "{bad}");
+        }
+        let long = format!("system:bootstrappers:{}", "a".repeat(256));
+        assert!(validate_group(&long).is_ok());
+        let too_long = format!("system:bootstrappers:{}", "a".repeat(257));
+        assert!(validate_group(&too_long).is_err());
+    }
+
+    #[test]
+    fn token_secret_has_the_bootstrap_shape() {
+        let token = BootstrapToken::parse("abcdef.0123456789abcdef").unwrap();
+        let at = DateTime::parse_from_rfc3339("2030-01-02T03:04:05Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let secret = token_secret(&token, TokenRole::ControlPlane, at, Some("cp join")).unwrap();
+        assert_eq!(
+            secret.metadata.name.as_deref(),
+            Some("bootstrap-token-abcdef")
+        );
+        assert_eq!(secret.metadata.namespace.as_deref(), Some("kube-system"));
+        assert_eq!(secret.type_.as_deref(), Some(TOKEN_SECRET_TYPE));
+        let data = secret.data.unwrap();
+        let get = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+        assert_eq!(get("token-id"), "abcdef");
+        assert_eq!(get("token-secret"), "0123456789abcdef");
+        assert_eq!(get("expiration"), "2030-01-02T03:04:05Z");
+        assert_eq!(get("usage-bootstrap-authentication"), "true");
+        assert_eq!(get("usage-bootstrap-signing"), "true");
+        assert_eq!(
+            get("auth-extra-groups"),
+            format!("{WORKER_GROUP},{CONTROL_PLANE_GROUP}")
+        );
+        assert_eq!(get("description"), "cp join");
+
+        let worker = token_secret(&token, TokenRole::Worker, at, None).unwrap();
+        let data = worker.data.unwrap();
+        assert_eq!(data["auth-extra-groups"].0, WORKER_GROUP.as_bytes());
+        assert!(!data.contains_key("description"));
+    }
+
+    #[test]
+    fn token_state_judges_expiry() {
+        let token = BootstrapToken::parse("abcdef.0123456789abcdef").unwrap();
+        let now = Utc::now();
+        let live = token_secret(
+            &token,
+            TokenRole::Worker,
+            now + chrono::Duration::hours(1),
+            None,
+        )
+        .unwrap();
+        let expired = token_secret(
+            &token,
+            TokenRole::Worker,
+            now - chrono::Duration::seconds(1),
+            None,
+        )
+        .unwrap();
+        assert_eq!(token_state(Some(&live), now), TokenState::Live);
+        assert_eq!(token_state(Some(&expired), now), TokenState::Expired);
+        assert_eq!(token_state(None, now), TokenState::Gone);
+        let mut garbled = live.clone();
+        garbled
+            .data
+            .as_mut()
+            .unwrap()
+            .insert("expiration".into(), ByteString(b"tomorrow".to_vec()));
+        assert_eq!(token_state(Some(&garbled), now), TokenState::Expired);
+        let mut forever = live;
+        forever.data.as_mut().unwrap().remove("expiration");
+        assert_eq!(token_state(Some(&forever), now), TokenState::Live);
+    }
+
+    #[test]
+    fn ttl_parses_go_style_durations() {
+        assert_eq!(parse_ttl("2h").unwrap(), Duration::from_secs(7200));
+        assert_eq!(parse_ttl("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_ttl("90s").unwrap(), Duration::from_secs(90));
+        for bad in ["", "2", "h", "2d", "1.5h", "-1h"] {
+            assert!(parse_ttl(bad).is_err(), "{bad:?}");
+        }
+        assert!(
+            parse_ttl("2d")
+                .unwrap_err()
+                .to_string()
+                .contains("units are h, m and s")
+        );
+    }
+
+    #[test]
+    fn kubeconfig_token_is_the_current_users() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bootstrap.conf");
+        std::fs::write(
+            &path,
+            r#"
+apiVersion: v1
+kind: Config
+current-context: join
+contexts:
+- name: join
+  context: {cluster: c, user: tls-bootstrap-token-user}
+- name: other
+  context: {cluster: c, user: admin}
+users:
+- name: admin
+  user: {token: zzzzzz.zzzzzzzzzzzzzzzz}
+- name: tls-bootstrap-token-user
+  user: {token: abcdef.0123456789abcdef}
+"#,
+        )
+        .unwrap();
+        assert_eq!(token_from_kubeconfig(&path).unwrap().id(), "abcdef");
+
+        std::fs::write(
+            &path,
+            "users:\n- name: u\n  user: {client-certificate-data: eA==}\n",
+        )
+        .unwrap();
+        let err = token_from_kubeconfig(&path).unwrap_err().to_string();
+        assert!(err.contains("has no bootstrap token"), "{err}");
+
+        let err = token_from_kubeconfig(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot read it"), "{err}");
+    }
+}
