@@ -1,0 +1,223 @@
+//! `cargo xtask bench health`: throughput and tail latency of the probe listener, against a
+//! bare hyper server answering a constant body, both driven by `wrk` on loopback in the
+//! same run. The listener's limits (header timeout, body refusal, connection bound,
+//! readiness lookup) should cost next to nothing: target ratio >= 0.9.
+//!
+//! Knobs (environment): `HEALTH_BENCH_SECONDS` (default 5), `HEALTH_BENCH_CONNECTIONS`
+//! (default 32), `HEALTH_BENCH_ROUNDS` (default 2; the servers alternate each round).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio_util::sync::CancellationToken;
+
+const TARGET: f64 = 0.9;
+
+struct Figures {
+    requests_per_sec: f64,
+    p99_ms: f64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let seconds = env_or("HEALTH_BENCH_SECONDS", 5)?;
+    let connections = env_or("HEALTH_BENCH_CONNECTIONS", 32)?;
+    let rounds = env_or("HEALTH_BENCH_ROUNDS", 2)?;
+    match Command::new("wrk").arg("--version").output() {
+        Ok(_) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            bail!("wrk not found on PATH: apt-get install wrk")
+        }
+        Err(err) => bail!("cannot run wrk: {err}"),
+    }
+
+    // One worker thread for the servers, one wrk thread: on a 2-core machine each gets a
+    // core, and both servers run under exactly the same runtime.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let cancel = CancellationToken::new();
+    let (baseline, probe) = runtime.block_on(async {
+        let baseline = start_baseline(cancel.clone()).await?;
+        let probe = start_health(cancel.clone()).await?;
+        anyhow::Ok((baseline, probe))
+    })?;
+
+    println!(
+        "health bench: wrk -t1 -c{connections} -d{seconds}s --latency, {rounds} round(s), servers on 1 tokio worker"
+    );
+    let mut base_runs = Vec::new();
+    let mut health_runs = Vec::new();
+    for round in 1..=rounds {
+        let b = wrk(baseline, "/readyz", connections, seconds)?;
+        println!(
+            "round {round}: bare hyper      {:>10.0} req/s  p99 {:>7.3} ms",
+            b.requests_per_sec, b.p99_ms
+        );
+        let h = wrk(probe, "/readyz", connections, seconds)?;
+        println!(
+            "round {round}: health /readyz  {:>10.0} req/s  p99 {:>7.3} ms",
+            h.requests_per_sec, h.p99_ms
+        );
+        base_runs.push(b);
+        health_runs.push(h);
+    }
+    cancel.cancel();
+    drop(runtime);
+
+    let (base_rps, base_p99) = mean(&base_runs);
+    let (health_rps, health_p99) = mean(&health_runs);
+    let throughput = health_rps / base_rps;
+    // Inverted so that for both ratios higher is better and the same target applies.
+    let latency = base_p99 / health_p99;
+    println!();
+    println!("                  req/s       p99 ms");
+    println!("bare hyper   {base_rps:>10.0}   {base_p99:>10.3}");
+    println!("health       {health_rps:>10.0}   {health_p99:>10.3}");
+    println!(
+        "throughput ratio (health / bare):   {throughput:.3}  target >= {TARGET}  {}",
+        verdict(throughput)
+    );
+    println!(
+        "p99 ratio        (bare / health):   {latency:.3}  target >= {TARGET}  {}",
+        verdict(latency)
+    );
+    Ok(())
+}
+
+fn verdict(ratio: f64) -> &'static str {
+    if ratio >= TARGET {
+        "MET"
+    } else {
+        "BELOW TARGET"
+    }
+}
+
+fn env_or(name: &str, default: u64) -> anyhow::Result<u64> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .with_context(|| format!("{name}={v:?} is not a whole number")),
+        Err(_) => Ok(default),
+    }
+}
+
+fn mean(runs: &[Figures]) -> (f64, f64) {
+    let n = runs.len() as f64;
+    (
+        runs.iter().map(|f| f.requests_per_sec).sum::<f64>() / n,
+        runs.iter().map(|f| f.p99_ms).sum::<f64>() / n,
+    )
+}
+
+async fn start_health(cancel: CancellationToken) -> anyhow::Result<SocketAddr> {
+    let server = health::Server::new(health::Config {
+        enabled: Some(true),
+        listen: "127.0.0.1:0".into(),
+    });
+    server.set_registered();
+    server.set_data_plane_ready();
+    anyhow::ensure!(server.is_ready(), "the benchmark server must be ready");
+    let listener = server.listen().await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { server.serve(cancel, listener).await });
+    Ok(addr)
+}
+
+/// The baseline: hyper's HTTP/1 server with default settings and a constant body, nothing
+/// else.
+async fn start_baseline(cancel: CancellationToken) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let stream = tokio::select! {
+                () = cancel.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(_) => continue,
+                },
+            };
+            tokio::spawn(async move {
+                let service = service_fn(|_req: Request<hyper::body::Incoming>| async {
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+fn wrk(addr: SocketAddr, path: &str, connections: u64, seconds: u64) -> anyhow::Result<Figures> {
+    let url = format!("http://{addr}{path}");
+    let output = Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{connections}"),
+            &format!("-d{seconds}s"),
+            "--latency",
+            &url,
+        ])
+        .output()
+        .context("running wrk")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        bail!(
+            "wrk against {url} failed ({}): {text}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    parse_wrk(&text).with_context(|| format!("unexpected wrk output for {url}:\n{text}"))
+}
+
+fn parse_wrk(text: &str) -> anyhow::Result<Figures> {
+    if let Some(line) = text.lines().find(|l| l.contains("Non-2xx")) {
+        bail!("the server answered errors: {}", line.trim());
+    }
+    if let Some(line) = text.lines().find(|l| l.contains("Socket errors")) {
+        bail!("wrk saw socket errors: {}", line.trim());
+    }
+    let requests_per_sec = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
+        .context("no Requests/sec line")?
+        .trim()
+        .parse()?;
+    let p99 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("99%"))
+        .context("no 99% latency line (was --latency passed?)")?
+        .trim();
+    Ok(Figures {
+        requests_per_sec,
+        p99_ms: duration_ms(p99)?,
+    })
+}
+
+/// wrk prints durations as `812.00us`, `1.23ms`, `1.02s` or `2.00m`.
+fn duration_ms(s: &str) -> anyhow::Result<f64> {
+    let (number, scale) = if let Some(n) = s.strip_suffix("us") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000.0)
+    } else {
+        bail!("unknown duration {s:?}")
+    };
+    Ok(number.parse::<f64>()? * scale)
+}
