@@ -1,1 +1,66 @@
 //! Derived kubelet tunnel routes and the Node address reconciler.
+//!
+//! A control plane on a user's own machine reaches each worker's kubelet only through a
+//! tunnel. The API server dials a kubelet at the node's preferred address and
+//! `status.daemonEndpoints.kubeletEndpoint.Port`; left alone, those are the worker's own
+//! LAN address and 10250, which mean nothing on the control-plane host. Nodes then look
+//! healthy while `kubectl logs`, `exec`, `port-forward` and metrics scrapes all fail.
+//!
+//! This crate holds both halves of the fix:
+//!
+//! - **The worker half** ([`kubelet_port_for_node`], [`PortRange`]): a port derived from
+//!   the node name, on which the worker's tunnel publishes its kubelet on the control-plane
+//!   host. Both ends compute it, so nothing has to distribute it. The derivation is a
+//!   specification, not an implementation detail:
+//!
+//!   ```text
+//!   h    = FNV-1a-32(UTF-8 bytes of the routing name)
+//!          (h = 2166136261; for each byte b: h = ((h XOR b) * 16777619) mod 2^32)
+//!   port = base + (h mod slots)            default base 20000, slots 10000
+//!   ```
+//!
+//!   e.g. `"worker-1"` → 21149, `"a"` → 22220 (pinned by unit tests).
+//!
+//! - **The control-plane half** ([`Reconciler`]): for every Node that is not virtual
+//!   ([`is_virtual_node`]) and whose port is known ([`KubeletPortFunc`]), it makes the
+//!   first `ExternalIP` a node-unique loopback address ([`loopback_for_node`]:
+//!   `127.0.0.2 + (h mod 16777213)`, linear probe on collision, probing in sorted
+//!   routing-name order) and the kubelet port the derived port. With the API server
+//!   preferring `ExternalIP`, each kubelet dial lands on `127.a.b.c:port`, where that
+//!   node's tunnel listens. The pure part ([`plan()`], [`wanted_status`]) decides; the
+//!   reconciler only writes what differs, with the resourceVersion it read, so a pass over
+//!   unchanged Nodes writes nothing.
+//!
+//! Under k3s `--with-node-id` the registered name carries a random suffix the worker does
+//! not know; [`routing_name`] recovers the configured `--node-name` from the
+//! `k3s.io/node-args` annotation when it is structurally consistent with the name.
+//!
+//! [`Reconciler::diagnostics`] reports per node what is expected and observed, and flags
+//! port collisions: with 10,000 slots two of n names share a port with probability
+//! `1 - prod(1 - i/10000, i < n)`, about 10% at 46 nodes and 50% at 118.
+//! [`last_status`] is the process-wide liveness snapshot of [`Reconciler::run`].
+//!
+//! Operations: `docs/nodeaddr.md`.
+
+mod derive;
+mod plan;
+mod reconciler;
+mod routing;
+mod status;
+
+pub use derive::{
+    KubeletPortFunc, PortRange, PortRangeError, derived_kubelet_port, fnv1a32,
+    kubelet_port_for_node, loopback_candidate, loopback_for_node, port_func,
+};
+pub use plan::{
+    EXTERNAL_IP, PlannedNode, SkipReason, StatusChange, apply_change, first_external_ip,
+    observed_kubelet_port, plan, wanted_status,
+};
+pub use reconciler::{
+    DEBOUNCE, DEFAULT_INTERVAL, Error, NodeAddressDiagnostic, PassReport, Reconciler, error_chain,
+};
+pub use routing::{
+    NODE_ARGS_ANNOTATION, RUNTIME_LABEL, RUNTIME_VIRTUAL, configured_node_name, is_virtual_node,
+    routing_name, routing_name_from,
+};
+pub use status::{Status, last_status, reset_status};
