@@ -1,1 +1,822 @@
 //! etcd membership and health.
+//!
+//! Every function talks to real etcd members through `etcd-client` and takes the
+//! endpoints to try (`https://10.0.0.1:2379`, ...) plus [`EtcdOptions`] (mTLS material and
+//! timeouts). Decisions are pure functions in [`rules`]: which errors are retried
+//! ([`rules::classify_status`]), whether the cluster agrees on a leader
+//! ([`rules::judge_cluster`]), what a new member boots with ([`rules::initial_cluster`]).
+//!
+//! - Membership: [`member_add`] (journals the intent first, retries only etcd's
+//!   "unhealthy cluster" refusal), [`member_remove`], [`member_list_via`],
+//!   [`member_client_ips`], [`member_client_ips_via`], [`member_hosts_via`],
+//!   [`member_count`], [`join_state`].
+//! - Health: [`etcd_member_status`], [`etcd_cluster_healthy`] (fails closed).
+//! - Storage: [`etcd_storage_at`], [`downgrade_etcd`].
+
+pub mod rules;
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{
+    AlarmAction, AlarmOptions, AlarmType, Certificate, Client, ConnectOptions, DowngradeOptions,
+    GetOptions, Identity, MemberAddOptions, TlsOptions,
+};
+use tracing::{info, warn};
+
+use crate::journal::{JoinIntent, JoinIntentJournal, JournalError};
+pub use rules::{
+    ErrorClass, MemberAnswer, MemberInfo, MemberProblem, RetryPolicy, UNHEALTHY_CLUSTER,
+};
+
+/// Where kube-apiserver stores the `kube-system/stratum-certs` Secret (its default
+/// `--etcd-prefix` `/registry`, then `secrets/<namespace>/<name>`). Its existence tells
+/// an etcd reader that a control-plane join bundle is published. This couples to the
+/// apiserver's storage layout, not to an API.
+pub const JOIN_BUNDLE_ETCD_KEY: &str = "/registry/secrets/kube-system/stratum-certs";
+
+/// PEM material, inline or from a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PemSource {
+    /// Read from this file when connecting.
+    Path(PathBuf),
+    /// These bytes.
+    Pem(Vec<u8>),
+}
+
+impl PemSource {
+    fn load(&self, what: &'static str) -> Result<Vec<u8>, EtcdError> {
+        match self {
+            PemSource::Pem(b) => Ok(b.clone()),
+            PemSource::Path(p) => std::fs::read(p).map_err(|e| EtcdError::Tls {
+                what,
+                reason: format!("cannot read {}: {e}", p.display()),
+            }),
+        }
+    }
+}
+
+/// Client mTLS for etcd: the etcd CA, and a client certificate and key it issued (e.g.
+/// `etcd/ca.crt`, `apiserver-etcd-client.crt`, `apiserver-etcd-client.key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// The CA that signed the members' serving certificates.
+    pub ca: PemSource,
+    /// Client certificate.
+    pub cert: PemSource,
+    /// Client key.
+    pub key: PemSource,
+}
+
+impl EtcdTls {
+    /// TLS material read from files at connect time.
+    pub fn from_paths(
+        ca: impl Into<PathBuf>,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Self {
+        EtcdTls {
+            ca: PemSource::Path(ca.into()),
+            cert: PemSource::Path(cert.into()),
+            key: PemSource::Path(key.into()),
+        }
+    }
+
+    /// TLS material given inline.
+    pub fn from_pem(ca: &[u8], cert: &[u8], key: &[u8]) -> Self {
+        EtcdTls {
+            ca: PemSource::Pem(ca.to_vec()),
+            cert: PemSource::Pem(cert.to_vec()),
+            key: PemSource::Pem(key.to_vec()),
+        }
+    }
+
+    fn tls_options(&self) -> Result<TlsOptions, EtcdError> {
+        let ca = self.ca.load("etcd CA certificate")?;
+        let cert = self.cert.load("etcd client certificate")?;
+        let key = self.key.load("etcd client key")?;
+        Ok(TlsOptions::new()
+            .ca_certificate(Certificate::from_pem(ca))
+            .identity(Identity::from_pem(cert, key)))
+    }
+}
+
+/// How to reach etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdOptions {
+    /// Client TLS; `None` for plain `http://` endpoints.
+    pub tls: Option<EtcdTls>,
+    /// How long to wait for a connection.
+    pub connect_timeout: Duration,
+    /// How long to wait for one request's answer.
+    pub request_timeout: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            tls: None,
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl EtcdOptions {
+    /// Default timeouts with the given TLS.
+    pub fn with_tls(tls: Option<EtcdTls>) -> Self {
+        EtcdOptions {
+            tls,
+            ..Default::default()
+        }
+    }
+}
+
+/// An etcd operation that failed, naming the endpoint or member.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    /// No endpoint was given.
+    #[error("no etcd endpoints given: pass at least one, e.g. https://10.0.0.1:2379")]
+    NoEndpoints,
+    /// The TLS material could not be loaded.
+    #[error("etcd TLS: {what}: {reason}")]
+    Tls {
+        /// Which file.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A client could not be built for the endpoint (bad URL, TLS with http://, ...).
+    #[error("etcd endpoint {endpoint}: {reason}")]
+    BadEndpoint {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// None of the endpoints could be reached: could not ask (not "not found").
+    #[error("could not reach any etcd endpoint to {op}: {}", tried.join("; "))]
+    Unreachable {
+        /// The operation.
+        op: &'static str,
+        /// `endpoint: reason` for each endpoint tried.
+        tried: Vec<String>,
+    },
+    /// A member answered with an error.
+    #[error("etcd member {endpoint} refused to {op}: {reason}")]
+    Request {
+        /// The endpoint that answered.
+        endpoint: String,
+        /// The operation.
+        op: &'static str,
+        /// etcd's answer.
+        reason: String,
+    },
+    /// The add was refused as "unhealthy cluster" on every attempt.
+    #[error(
+        "etcd member {endpoint} kept refusing to add {peer_url}: unhealthy cluster ({attempts} \
+         attempts); check `stratum-server etcd health` and that every added member has started"
+    )]
+    AddRefused {
+        /// The endpoint that answered last.
+        endpoint: String,
+        /// The peer URL being added.
+        peer_url: String,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// No member has the peer URL.
+    #[error("no etcd member has peer URL {peer_url} (asked {endpoint}; members: {})", known.join(", "))]
+    MemberNotFound {
+        /// The peer URL looked for.
+        peer_url: String,
+        /// The endpoint asked.
+        endpoint: String,
+        /// Members listed, by label.
+        known: Vec<String>,
+    },
+    /// A member has neither a client nor a peer URL.
+    #[error("etcd member {member} has no client or peer URL: it cannot be placed on any host")]
+    MemberWithoutUrls {
+        /// The member.
+        member: String,
+    },
+    /// The cluster is not healthy.
+    #[error("etcd cluster is not healthy: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Unhealthy {
+        /// Every problem found, each naming its member.
+        problems: Vec<MemberProblem>,
+        /// Every member's answer.
+        answers: Vec<MemberAnswer>,
+    },
+    /// The member did not answer its status request (as opposed to a failure to set up
+    /// the client, or to list the members of a member that did answer).
+    #[error("etcd member {endpoint} did not answer its status request: {reason}")]
+    NoStatus {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// A downgrade failed at its validate step, before etcd changed anything.
+    #[error(
+        "etcd at {endpoint} did not validate a downgrade to {target}: {reason}{}",
+        if *unsupported { " (this etcd has no downgrade API: it needs etcd 3.5 or later)" } else { "" }
+    )]
+    DowngradeNotValidated {
+        /// The endpoint.
+        endpoint: String,
+        /// The target version.
+        target: String,
+        /// etcd's answer.
+        reason: String,
+        /// Whether the server lacks the downgrade API altogether.
+        unsupported: bool,
+    },
+    /// The join intent could not be recorded: the add was not sent.
+    #[error("member add not sent: {0}")]
+    Journal(#[from] JournalError),
+}
+
+/// A failed call, classified.
+struct CallError {
+    class: ErrorClass,
+    reason: String,
+}
+
+fn classify(err: &etcd_client::Error) -> CallError {
+    let class = match err {
+        etcd_client::Error::GRpcStatus(s) => {
+            rules::classify_status(i32::from(s.code()), s.message())
+        }
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => {
+            ErrorClass::Unreachable
+        }
+        _ => ErrorClass::Answered,
+    };
+    let reason = match err {
+        etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
+        other => other.to_string(),
+    };
+    CallError { class, reason }
+}
+
+fn normalize(endpoint: &str, tls: bool) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_string()
+    } else if tls {
+        format!("https://{endpoint}")
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+/// A client bound to exactly one endpoint, so every answer is attributable.
+async fn connect_one(opts: &EtcdOptions, endpoint: &str) -> Result<Client, EtcdError> {
+    let mut co = ConnectOptions::new()
+        .with_connect_timeout(opts.connect_timeout)
+        .with_timeout(opts.request_timeout);
+    if let Some(tls) = &opts.tls {
+        co = co.with_tls(tls.tls_options()?);
+    }
+    let url = normalize(endpoint, opts.tls.is_some());
+    Client::connect([url.as_str()], Some(co))
+        .await
+        .map_err(|e| EtcdError::BadEndpoint {
+            endpoint: endpoint.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// Runs `call` against one endpoint with an overall deadline (a connect that hangs
+/// counts as unreachable).
+async fn call_one<T, F, Fut>(opts: &EtcdOptions, endpoint: &str, call: F) -> Result<T, CallError>
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let client = connect_one(opts, endpoint).await.map_err(|e| CallError {
+        class: ErrorClass::Answered,
+        reason: e.to_string(),
+    })?;
+    let deadline = opts.connect_timeout + opts.request_timeout;
+    match tokio::time::timeout(deadline, call(client)).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(classify(&e)),
+        Err(_) => Err(CallError {
+            class: ErrorClass::Unreachable,
+            reason: format!("no answer within {deadline:?}"),
+        }),
+    }
+}
+
+/// Asks each endpoint in turn until one answers; an answered error is returned at once,
+/// an unreachable endpoint moves on to the next.
+async fn first_answer<T, F, Fut>(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+    op: &'static str,
+    mut call: F,
+) -> Result<(String, T), EtcdError>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    if endpoints.is_empty() {
+        return Err(EtcdError::NoEndpoints);
+    }
+    let mut tried = Vec::new();
+    for ep in endpoints {
+        match call_one(opts, ep, &mut call).await {
+            Ok(v) => return Ok((ep.clone(), v)),
+            Err(CallError {
+                class: ErrorClass::Unreachable,
+                reason,
+            }) => tried.push(format!("{ep}: {reason}")),
+            Err(CallError { reason, .. }) => {
+                return Err(EtcdError::Request {
+                    endpoint: ep.clone(),
+                    op,
+                    reason,
+                });
+            }
+        }
+    }
+    Err(EtcdError::Unreachable { op, tried })
+}
+
+fn to_info(m: &etcd_client::Member) -> MemberInfo {
+    MemberInfo {
+        id: m.id(),
+        name: m.name().to_string(),
+        peer_urls: m.peer_urls().to_vec(),
+        client_urls: m.client_urls().to_vec(),
+        is_learner: m.is_learner(),
+    }
+}
+
+/// The member list, through the first endpoint that answers: (endpoint, members).
+pub async fn member_list_via(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+) -> Result<(String, Vec<MemberInfo>), EtcdError> {
+    first_answer(opts, endpoints, "list members", |mut c| async move {
+        let r = c.member_list().await?;
+        Ok(r.members().iter().map(to_info).collect::<Vec<_>>())
+    })
+    .await
+}
+
+/// A member add request.
+#[derive(Debug, Clone)]
+pub struct AddMember {
+    /// The new member's name (its `--name`).
+    pub name: String,
+    /// Its peer URL.
+    pub peer_url: String,
+    /// Add it as a non-voting learner.
+    pub learner: bool,
+    /// Backoff for the unhealthy-cluster refusal.
+    pub retry: RetryPolicy,
+}
+
+impl AddMember {
+    /// A voting member with the default retry policy.
+    pub fn new(name: impl Into<String>, peer_url: impl Into<String>) -> Self {
+        AddMember {
+            name: name.into(),
+            peer_url: peer_url.into(),
+            learner: false,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// What a successful add reports.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberAdded {
+    /// The new member's ID.
+    pub id: u64,
+    /// `ETCD_INITIAL_CLUSTER` for the new member (with `--initial-cluster-state existing`).
+    pub initial_cluster: String,
+    /// Attempts made (more than 1: etcd refused with "unhealthy cluster" first).
+    pub attempts: u32,
+    /// The endpoint that accepted the add.
+    pub endpoint: String,
+}
+
+/// Adds a member, returning what it boots with. The intent is written to `journal`
+/// durably before anything is sent. Only etcd's "unhealthy cluster" refusal is retried
+/// (it means nothing was added), with `req.retry`'s backoff, each retry logged; every
+/// other error is returned at once. Unreachable endpoints are skipped in order.
+pub async fn member_add_with(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+    req: &AddMember,
+    journal: Option<&JoinIntentJournal>,
+) -> Result<MemberAdded, EtcdError> {
+    if endpoints.is_empty() {
+        return Err(EtcdError::NoEndpoints);
+    }
+    if let Some(j) = journal {
+        j.record(&JoinIntent {
+            member_name: req.name.clone(),
+            peer_url: req.peer_url.clone(),
+            endpoints: endpoints.to_vec(),
+            recorded_at_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        })?;
+    }
+    let attempts = req.retry.attempts.max(1);
+    for n in 1..=attempts {
+        let result = first_answer(opts, endpoints, "add a member", |mut c| {
+            let urls = vec![req.peer_url.clone()];
+            let o = if req.learner {
+                MemberAddOptions::new().with_is_learner()
+            } else {
+                MemberAddOptions::new()
+            };
+            async move { c.member_add(urls, Some(o)).await }
+        })
+        .await;
+        match result {
+            Ok((endpoint, resp)) => {
+                let id = resp.member().map(|m| m.id()).unwrap_or(0);
+                let members: Vec<MemberInfo> = resp.member_list().iter().map(to_info).collect();
+                let initial_cluster = rules::initial_cluster(&members, id, &req.name);
+                info!(member = %req.name, peer_url = %req.peer_url, %endpoint, id = %format!("{id:x}"), attempts = n, "etcd member added");
+                return Ok(MemberAdded {
+                    id,
+                    initial_cluster,
+                    attempts: n,
+                    endpoint,
+                });
+            }
+            Err(EtcdError::Request {
+                endpoint, reason, ..
+            }) if reason.contains(UNHEALTHY_CLUSTER) => {
+                if n == attempts {
+                    return Err(EtcdError::AddRefused {
+                        endpoint,
+                        peer_url: req.peer_url.clone(),
+                        attempts,
+                    });
+                }
+                let pause = req.retry.delay_after(n);
+                warn!(
+                    "etcd member {endpoint} refused to add {}: unhealthy cluster (retrying in {pause:?}, {n}/{attempts})",
+                    req.peer_url
+                );
+                tokio::time::sleep(pause).await;
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    unreachable!("the loop returns on its last attempt")
+}
+
+/// Adds `new_name` at `new_peer_url` as a voting member (journal first, default retry)
+/// and returns the `ETCD_INITIAL_CLUSTER` string it must boot with, state `existing`.
+pub async fn member_add(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+    new_name: &str,
+    new_peer_url: &str,
+    journal: &JoinIntentJournal,
+) -> Result<String, EtcdError> {
+    member_add_with(
+        opts,
+        endpoints,
+        &AddMember::new(new_name, new_peer_url),
+        Some(journal),
+    )
+    .await
+    .map(|a| a.initial_cluster)
+}
+
+/// Removes the member with `peer_url`, through the first endpoint that answers. A join's
+/// rollback uses the same published endpoints as its add: removing through a VIP would
+/// fail exactly when a rollback is needed. Returns the removed member's ID.
+pub async fn member_remove(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+    peer_url: &str,
+) -> Result<u64, EtcdError> {
+    let (endpoint, members) = member_list_via(opts, endpoints).await?;
+    let Some(target) = members
+        .iter()
+        .find(|m| m.peer_urls.iter().any(|u| u == peer_url))
+    else {
+        return Err(EtcdError::MemberNotFound {
+            peer_url: peer_url.to_string(),
+            endpoint,
+            known: members
+                .iter()
+                .map(|m| format!("{} {}", m.label(), m.peer_urls.join(",")))
+                .collect(),
+        });
+    };
+    let id = target.id;
+    // Ask the endpoint that listed first; it answered a moment ago.
+    let mut order = vec![endpoint.clone()];
+    order.extend(endpoints.iter().filter(|e| **e != endpoint).cloned());
+    first_answer(opts, &order, "remove a member", |mut c| async move {
+        c.member_remove(id).await
+    })
+    .await?;
+    info!(peer_url, id = %format!("{id:x}"), "etcd member removed");
+    Ok(id)
+}
+
+/// Hosts of every member's client URLs, from the member at `endpoint` (HAProxy backends).
+pub async fn member_client_ips(
+    opts: &EtcdOptions,
+    endpoint: &str,
+) -> Result<Vec<String>, EtcdError> {
+    member_client_ips_via(opts, &[endpoint.to_string()]).await
+}
+
+/// [`member_client_ips`] through the first of several endpoints that answers.
+pub async fn member_client_ips_via(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+) -> Result<Vec<String>, EtcdError> {
+    let (_, members) = member_list_via(opts, endpoints).await?;
+    Ok(rules::client_hosts(&members))
+}
+
+/// One host per member, learners and not-yet-started members included
+/// ([`rules::member_hosts`]).
+pub async fn member_hosts_via(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+) -> Result<Vec<String>, EtcdError> {
+    let (_, members) = member_list_via(opts, endpoints).await?;
+    rules::member_hosts(&members).map_err(|u| EtcdError::MemberWithoutUrls { member: u.member })
+}
+
+/// How many members (learners included) the cluster has, as the answering member sees it.
+pub async fn member_count(opts: &EtcdOptions, endpoints: &[String]) -> Result<usize, EtcdError> {
+    Ok(member_list_via(opts, endpoints).await?.1.len())
+}
+
+/// What a join needs to know about the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct JoinState {
+    /// Members, learners included: a learner is a control plane that is joining.
+    pub members: usize,
+    /// Whether the join bundle's storage key ([`JOIN_BUNDLE_ETCD_KEY`]) exists.
+    pub bundle: bool,
+}
+
+/// The member count and whether a join bundle is published, both read linearizably (the
+/// client's default), so neither is a stale answer from a lagging member.
+pub async fn join_state(opts: &EtcdOptions, endpoints: &[String]) -> Result<JoinState, EtcdError> {
+    let (_, members) = member_list_via(opts, endpoints).await?;
+    let (_, count) = first_answer(
+        opts,
+        endpoints,
+        "read the join bundle key",
+        |mut c| async move {
+            let r = c
+                .get(
+                    JOIN_BUNDLE_ETCD_KEY,
+                    Some(GetOptions::new().with_count_only()),
+                )
+                .await?;
+            Ok(r.count())
+        },
+    )
+    .await?;
+    Ok(JoinState {
+        members: members.len(),
+        bundle: count > 0,
+    })
+}
+
+async fn status_and_alarms(
+    mut c: Client,
+) -> Result<(etcd_client::StatusResponse, Vec<(u64, String)>), etcd_client::Error> {
+    let status = c.status().await?;
+    let alarms = c
+        .alarm(AlarmAction::Get, AlarmType::None, None::<AlarmOptions>)
+        .await?;
+    let alarms = alarms
+        .alarms()
+        .iter()
+        .map(|a| (a.member_id(), format!("{:?}", a.alarm()).to_uppercase()))
+        .collect();
+    Ok((status, alarms))
+}
+
+/// Asks the member at `endpoint` how it is. A member with no leader is reported, not
+/// hidden: it is up and answering, and not part of a working quorum.
+pub async fn etcd_member_status(opts: &EtcdOptions, endpoint: &str) -> MemberAnswer {
+    match call_one(opts, endpoint, status_and_alarms).await {
+        Err(e) => MemberAnswer::unreachable(endpoint, e.reason),
+        Ok((status, alarms)) => {
+            let member_id = status.header().map(|h| h.member_id());
+            let mut own: Vec<String> = alarms
+                .into_iter()
+                .filter(|(id, _)| Some(*id) == member_id)
+                .map(|(_, a)| a)
+                .collect();
+            own.extend(status.errors().iter().map(|e| format!("status error: {e}")));
+            MemberAnswer {
+                endpoint: endpoint.to_string(),
+                member_id,
+                leader: (status.leader() != 0).then_some(status.leader()),
+                raft_term: status.raft_term(),
+                version: status.version().to_string(),
+                is_learner: status.is_learner(),
+                alarms: own,
+                error: None,
+            }
+        }
+    }
+}
+
+/// A healthy cluster's summary.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ClusterHealth {
+    /// The leader every member named.
+    pub leader: u64,
+    /// Every member's answer.
+    pub members: Vec<MemberAnswer>,
+}
+
+/// Fails closed: every endpoint must answer, know a leader, raise no alarm, and all must
+/// name the same leader ([`rules::judge_cluster`]). Members are asked concurrently.
+pub async fn etcd_cluster_healthy(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+) -> Result<ClusterHealth, EtcdError> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, ep) in endpoints.iter().enumerate() {
+        let (opts, ep) = (opts.clone(), ep.clone());
+        set.spawn(async move { (i, etcd_member_status(&opts, &ep).await) });
+    }
+    let mut answers: Vec<Option<MemberAnswer>> = vec![None; endpoints.len()];
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok((i, a)) => answers[i] = Some(a),
+            Err(e) => warn!("etcd status task failed: {e}"),
+        }
+    }
+    let answers: Vec<MemberAnswer> = answers
+        .into_iter()
+        .zip(endpoints)
+        .map(|(a, ep)| a.unwrap_or_else(|| MemberAnswer::unreachable(ep, "status task failed")))
+        .collect();
+    match rules::judge_cluster(&answers) {
+        Ok(leader) => Ok(ClusterHealth {
+            leader,
+            members: answers,
+        }),
+        Err(problems) => Err(EtcdError::Unhealthy { problems, answers }),
+    }
+}
+
+/// Whether a downgrade is enabled.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum DowngradeState {
+    /// The server has no downgrade API (etcd before 3.5).
+    Unsupported,
+    /// The server does not report it in its status (etcd 3.5).
+    Unknown,
+    /// No downgrade enabled.
+    Disabled,
+    /// A downgrade to `target` is in progress.
+    Enabled {
+        /// The target version.
+        target: String,
+    },
+}
+
+/// The etcd at one address as a rollback needs it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct EtcdStorage {
+    /// The version its data is stored at; `None` when the server does not report it
+    /// (etcd before 3.6).
+    pub storage_version: Option<String>,
+    /// The server's version.
+    pub server_version: String,
+    /// Members of its cluster, learners included.
+    pub members: usize,
+    /// Downgrade state.
+    pub downgrade: DowngradeState,
+}
+
+fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let mut it = version.split('.');
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// Reads the storage version, cluster size and downgrade state of the member at
+/// `endpoint`. Both reads are the member's own view, so a member of a cluster that lost
+/// quorum still answers and is not mistaken for one that is down.
+pub async fn etcd_storage_at(opts: &EtcdOptions, endpoint: &str) -> Result<EtcdStorage, EtcdError> {
+    let status = call_one(opts, endpoint, |mut c| async move { c.status().await })
+        .await
+        .map_err(|e| EtcdError::NoStatus {
+            endpoint: endpoint.to_string(),
+            reason: e.reason,
+        })?;
+    let (_, members) = member_list_via(opts, &[endpoint.to_string()]).await?;
+    let server_version = status.version().to_string();
+    let downgrade = match status.downgrade_info() {
+        Some(d) if d.enabled() => DowngradeState::Enabled {
+            target: d.target_version().to_string(),
+        },
+        Some(_) => DowngradeState::Disabled,
+        None => match major_minor(&server_version) {
+            Some(v) if v < (3, 5) => DowngradeState::Unsupported,
+            _ => DowngradeState::Unknown,
+        },
+    };
+    let storage_version = Some(status.storage_version().to_string()).filter(|s| !s.is_empty());
+    Ok(EtcdStorage {
+        storage_version,
+        server_version,
+        members: members.len(),
+        downgrade,
+    })
+}
+
+/// Asks the cluster at `endpoint` to downgrade to `target` (major.minor): etcd validates
+/// first, then lowers the cluster version; each member's storage migrates down as it is
+/// restarted on the older binary (the caller drives those restarts and waits for every
+/// member to report the target). A server without the downgrade API, or one that does not
+/// validate, is [`EtcdError::DowngradeNotValidated`] and nothing changed.
+pub async fn downgrade_etcd(
+    opts: &EtcdOptions,
+    endpoint: &str,
+    target: &str,
+) -> Result<(), EtcdError> {
+    let t = target.to_string();
+    if let Err(e) = call_one(opts, endpoint, |c| async move {
+        c.maintenance_client()
+            .downgrade(DowngradeOptions::Validate(t))
+            .await
+    })
+    .await
+    {
+        // UNIMPLEMENTED (gRPC 12): the service predates the downgrade RPC.
+        let unsupported = e.reason.to_lowercase().contains("unimplemented")
+            || e.reason.contains("unknown method")
+            || e.reason.contains("unknown service");
+        return Err(EtcdError::DowngradeNotValidated {
+            endpoint: endpoint.to_string(),
+            target: target.to_string(),
+            reason: e.reason,
+            unsupported,
+        });
+    }
+    let t = target.to_string();
+    call_one(opts, endpoint, |c| async move {
+        c.maintenance_client()
+            .downgrade(DowngradeOptions::Enable(t))
+            .await
+    })
+    .await
+    .map_err(|e| EtcdError::Request {
+        endpoint: endpoint.to_string(),
+        op: "enable a downgrade",
+        reason: e.reason,
+    })?;
+    info!(endpoint, target, "etcd downgrade enabled");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_without_scheme_follow_tls() {
+        assert_eq!(normalize("10.0.0.1:2379", true), "https://10.0.0.1:2379");
+        assert_eq!(normalize("10.0.0.1:2379", false), "http://10.0.0.1:2379");
+        assert_eq!(normalize("http://a:1", true), "http://a:1");
+    }
+
+    #[test]
+    fn versions() {
+        assert_eq!(major_minor("3.4.23"), Some((3, 4)));
+        assert_eq!(major_minor("x"), None);
+    }
+
+    #[tokio::test]
+    async fn no_endpoints_is_an_error_not_healthy() {
+        let err = etcd_cluster_healthy(&EtcdOptions::default(), &[])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, EtcdError::Unhealthy { .. }), "{err}");
+        let err = member_count(&EtcdOptions::default(), &[])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, EtcdError::NoEndpoints));
+    }
+}

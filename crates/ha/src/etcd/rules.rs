@@ -1,0 +1,539 @@
+//! Pure decisions over what etcd members answered: which errors to retry, whether the
+//! cluster agrees on a leader, what a new member boots with, where each member lives.
+//! No I/O here, so every rule is unit-tested with answers no live cluster gives on demand
+//! (split brains, alarms).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// The text etcd's strict reconfiguration check answers a member add with while some
+/// voting member has not been connected for its health interval (~5 s): after a member
+/// start, or while a previously added member has not started yet. Nothing was added.
+pub const UNHEALTHY_CLUSTER: &str = "etcdserver: unhealthy cluster";
+
+/// How a failed request is to be treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The member could not be reached (or did not answer in time): ask another one.
+    Unreachable,
+    /// etcd refused a reconfiguration with "unhealthy cluster": nothing changed, safe to
+    /// retry after a pause.
+    UnhealthyCluster,
+    /// The member answered with an error: report it, do not retry.
+    Answered,
+}
+
+/// gRPC status codes (tonic's numbering) that matter here.
+pub mod code {
+    /// DEADLINE_EXCEEDED.
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    /// UNAVAILABLE.
+    pub const UNAVAILABLE: i32 = 14;
+    /// UNKNOWN.
+    pub const UNKNOWN: i32 = 2;
+    /// CANCELLED.
+    pub const CANCELLED: i32 = 1;
+}
+
+/// Classifies a gRPC status by its code and message. etcd's own refusals carry messages
+/// starting `etcdserver:`; an UNAVAILABLE/DEADLINE without one is the transport failing.
+pub fn classify_status(code: i32, message: &str) -> ErrorClass {
+    if message.contains(UNHEALTHY_CLUSTER) {
+        return ErrorClass::UnhealthyCluster;
+    }
+    let from_etcd = message.starts_with("etcdserver:") || message.starts_with("etcdhttp:");
+    match code {
+        code::UNAVAILABLE | code::DEADLINE_EXCEEDED | code::CANCELLED if !from_etcd => {
+            ErrorClass::Unreachable
+        }
+        // tonic reports a broken connection mid-call as UNKNOWN with a transport message.
+        code::UNKNOWN if message.contains("transport error") => ErrorClass::Unreachable,
+        _ => ErrorClass::Answered,
+    }
+}
+
+/// Bounded exponential backoff for the unhealthy-cluster refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Total attempts, the first included (at least 1).
+    pub attempts: u32,
+    /// Pause after the first refusal.
+    pub initial: Duration,
+    /// Longest pause.
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 12 attempts, 500 ms doubling to 4 s: about 35 s in all, several times etcd's
+    /// 5 s health interval, so a join right behind another one gets through.
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 12,
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(4),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The pause after failed attempt `n` (1-based).
+    pub fn delay_after(&self, n: u32) -> Duration {
+        let factor = 1u32.checked_shl(n.saturating_sub(1)).unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+}
+
+/// A member as the cluster lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberInfo {
+    /// Member ID.
+    pub id: u64,
+    /// Name; empty while an added member has not started.
+    pub name: String,
+    /// Peer URLs.
+    pub peer_urls: Vec<String>,
+    /// Client URLs; empty while an added member has not started.
+    pub client_urls: Vec<String>,
+    /// Whether the member is a raft learner (non-voting).
+    pub is_learner: bool,
+}
+
+impl MemberInfo {
+    /// Whether the member has started (an added member publishes its name on start).
+    pub fn started(&self) -> bool {
+        !self.name.is_empty()
+    }
+
+    /// The member as errors name it: its name, or its ID and peer URL before it started.
+    pub fn label(&self) -> String {
+        if self.name.is_empty() {
+            format!(
+                "{:x} (not started, peer {})",
+                self.id,
+                self.peer_urls.join(",")
+            )
+        } else {
+            format!("{} ({:x})", self.name, self.id)
+        }
+    }
+}
+
+/// The `ETCD_INITIAL_CLUSTER` value a newly added member boots with (state `existing`):
+/// `name=peerurl` for every peer URL of every member, the new member named `new_name`.
+pub fn initial_cluster(members: &[MemberInfo], new_id: u64, new_name: &str) -> String {
+    let mut parts = Vec::new();
+    for m in members {
+        let name = if m.id == new_id { new_name } else { &m.name };
+        for url in &m.peer_urls {
+            parts.push(format!("{name}={url}"));
+        }
+    }
+    parts.join(",")
+}
+
+/// The host part of a URL such as `https://10.0.0.1:2379` or `https://[fd00::1]:2379`.
+pub fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority
+        .rsplit_once('@')
+        .map(|(_, a)| a)
+        .unwrap_or(authority);
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        v6.split_once(']')?.0
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+            _ => authority,
+        }
+    };
+    (!host.is_empty()).then(|| host.to_string())
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false)
+}
+
+/// A member that cannot be placed on any host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unplaceable {
+    /// The member, as [`MemberInfo::label`] names it.
+    pub member: String,
+}
+
+/// Hosts of every member's client URLs (deduplicated, in member order).
+pub fn client_hosts(members: &[MemberInfo]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for m in members {
+        for h in m.client_urls.iter().filter_map(|u| url_host(u)) {
+            if !out.contains(&h) {
+                out.push(h);
+            }
+        }
+    }
+    out
+}
+
+/// One host per member, learners and not-yet-started members included: the host of its
+/// first non-loopback client URL, else of its first peer URL. A member added but not
+/// started has no client URL yet, and a caller accounting for every member must still
+/// see it. A member with neither cannot be placed: an error naming it.
+pub fn member_hosts(members: &[MemberInfo]) -> Result<Vec<String>, Unplaceable> {
+    members
+        .iter()
+        .map(|m| {
+            m.client_urls
+                .iter()
+                .filter_map(|u| url_host(u))
+                .find(|h| !is_loopback(h))
+                .or_else(|| m.peer_urls.iter().find_map(|u| url_host(u)))
+                .ok_or_else(|| Unplaceable { member: m.label() })
+        })
+        .collect()
+}
+
+/// One member's answer to a health probe. `error` set means it did not answer, which is
+/// never healthy.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemberAnswer {
+    /// The endpoint asked.
+    pub endpoint: String,
+    /// The answering member's ID.
+    pub member_id: Option<u64>,
+    /// The leader it knows (None: it knows none).
+    pub leader: Option<u64>,
+    /// Its raft term.
+    pub raft_term: u64,
+    /// Its etcd version.
+    pub version: String,
+    /// Whether it is a learner.
+    pub is_learner: bool,
+    /// Alarms raised for this member (e.g. `NOSPACE`, `CORRUPT`), and errors its status
+    /// reports.
+    pub alarms: Vec<String>,
+    /// Why it did not answer.
+    pub error: Option<String>,
+}
+
+impl MemberAnswer {
+    /// An answer recording that `endpoint` did not answer.
+    pub fn unreachable(endpoint: &str, error: impl Into<String>) -> Self {
+        MemberAnswer {
+            endpoint: endpoint.to_string(),
+            member_id: None,
+            leader: None,
+            raft_term: 0,
+            version: String::new(),
+            is_learner: false,
+            alarms: Vec::new(),
+            error: Some(error.into()),
+        }
+    }
+
+    /// Whether this member answered, knows a leader and raises no alarm.
+    pub fn healthy(&self) -> bool {
+        self.error.is_none() && self.leader.is_some() && self.alarms.is_empty()
+    }
+}
+
+/// Why the cluster is not healthy, naming each member involved.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "problem", rename_all = "snake_case")]
+pub enum MemberProblem {
+    /// No endpoint was given: there is nothing to vouch for.
+    NoMembers,
+    /// The member did not answer.
+    NoAnswer {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// The member answered but knows no leader: it is not part of a working quorum.
+    NoLeader {
+        /// The endpoint.
+        endpoint: String,
+    },
+    /// The member has alarms raised.
+    Alarm {
+        /// The endpoint.
+        endpoint: String,
+        /// The alarms.
+        alarms: Vec<String>,
+    },
+    /// Members name different leaders: a split brain, or an election in progress.
+    LeaderDisagreement {
+        /// (endpoint, leader ID) of every member that named one.
+        leaders: Vec<(String, u64)>,
+    },
+}
+
+impl std::fmt::Display for MemberProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MemberProblem::NoMembers => write!(f, "no etcd endpoints to check"),
+            MemberProblem::NoAnswer { endpoint, reason } => {
+                write!(f, "member {endpoint} did not answer: {reason}")
+            }
+            MemberProblem::NoLeader { endpoint } => {
+                write!(f, "member {endpoint} answered but knows no leader")
+            }
+            MemberProblem::Alarm { endpoint, alarms } => {
+                write!(f, "member {endpoint} has alarms: {}", alarms.join(", "))
+            }
+            MemberProblem::LeaderDisagreement { leaders } => {
+                let named: Vec<String> = leaders
+                    .iter()
+                    .map(|(e, l)| format!("{e} follows {l:x}"))
+                    .collect();
+                write!(
+                    f,
+                    "members disagree on the leader (split brain?): {}",
+                    named.join("; ")
+                )
+            }
+        }
+    }
+}
+
+/// The agreement rule. Healthy only when there is at least one answer, every member
+/// answered, knows a leader, raises no alarm, and all name the same leader; returns that
+/// leader. Per-member health alone is satisfied by a split brain (two partitions, each
+/// with a leader of its own), which is exactly when narrowing trust cluster-wide cannot
+/// be walked back, so agreement is checked too. Fails closed: every problem found is
+/// returned.
+pub fn judge_cluster(answers: &[MemberAnswer]) -> Result<u64, Vec<MemberProblem>> {
+    if answers.is_empty() {
+        return Err(vec![MemberProblem::NoMembers]);
+    }
+    let mut problems = Vec::new();
+    let mut leaders: Vec<(String, u64)> = Vec::new();
+    for a in answers {
+        if let Some(reason) = &a.error {
+            problems.push(MemberProblem::NoAnswer {
+                endpoint: a.endpoint.clone(),
+                reason: reason.clone(),
+            });
+            continue;
+        }
+        match a.leader {
+            None => problems.push(MemberProblem::NoLeader {
+                endpoint: a.endpoint.clone(),
+            }),
+            Some(l) => leaders.push((a.endpoint.clone(), l)),
+        }
+        if !a.alarms.is_empty() {
+            problems.push(MemberProblem::Alarm {
+                endpoint: a.endpoint.clone(),
+                alarms: a.alarms.clone(),
+            });
+        }
+    }
+    if leaders.iter().any(|(_, l)| *l != leaders[0].1) {
+        problems.push(MemberProblem::LeaderDisagreement {
+            leaders: leaders.clone(),
+        });
+    }
+    match (problems.is_empty(), leaders.first()) {
+        (true, Some((_, l))) => Ok(*l),
+        (true, None) => Err(vec![MemberProblem::NoMembers]),
+        (false, _) => Err(problems),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(endpoint: &str, id: u64, leader: u64) -> MemberAnswer {
+        MemberAnswer {
+            endpoint: endpoint.into(),
+            member_id: Some(id),
+            leader: Some(leader),
+            raft_term: 2,
+            version: "3.4.23".into(),
+            is_learner: false,
+            alarms: vec![],
+            error: None,
+        }
+    }
+
+    #[test]
+    fn agreement_is_healthy() {
+        let a = [ok("a", 1, 1), ok("b", 2, 1), ok("c", 3, 1)];
+        assert_eq!(judge_cluster(&a), Ok(1));
+    }
+
+    #[test]
+    fn split_brain_fails_even_though_every_member_is_healthy() {
+        let a = [ok("a", 1, 1), ok("b", 2, 1), ok("c", 3, 3), ok("d", 4, 3)];
+        assert!(a.iter().all(MemberAnswer::healthy));
+        let problems = judge_cluster(&a).unwrap_err();
+        assert_eq!(problems.len(), 1);
+        let MemberProblem::LeaderDisagreement { leaders } = &problems[0] else {
+            panic!("{problems:?}")
+        };
+        assert_eq!(leaders.len(), 4);
+        let text = problems[0].to_string();
+        assert!(
+            text.contains("c follows 3") && text.contains("a follows 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn member_without_leader_fails_and_is_named() {
+        let mut b = ok("b", 2, 1);
+        b.leader = None;
+        let problems = judge_cluster(&[ok("a", 1, 1), b]).unwrap_err();
+        assert_eq!(
+            problems,
+            vec![MemberProblem::NoLeader {
+                endpoint: "b".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn unreachable_member_fails_closed() {
+        let a = [
+            ok("a", 1, 1),
+            MemberAnswer::unreachable("b", "connection refused"),
+        ];
+        let problems = judge_cluster(&a).unwrap_err();
+        assert_eq!(
+            problems[0].to_string(),
+            "member b did not answer: connection refused"
+        );
+    }
+
+    #[test]
+    fn alarms_fail() {
+        let mut c = ok("c", 3, 1);
+        c.alarms = vec!["NOSPACE".into()];
+        assert!(!c.healthy());
+        let problems = judge_cluster(&[ok("a", 1, 1), c]).unwrap_err();
+        assert!(matches!(&problems[0], MemberProblem::Alarm { endpoint, .. } if endpoint == "c"));
+    }
+
+    #[test]
+    fn nothing_to_ask_is_not_healthy() {
+        assert_eq!(judge_cluster(&[]), Err(vec![MemberProblem::NoMembers]));
+    }
+
+    #[test]
+    fn all_unreachable_lists_each() {
+        let a = [
+            MemberAnswer::unreachable("a", "x"),
+            MemberAnswer::unreachable("b", "y"),
+        ];
+        assert_eq!(judge_cluster(&a).unwrap_err().len(), 2);
+    }
+
+    #[test]
+    fn only_the_unhealthy_cluster_refusal_is_retried() {
+        assert_eq!(
+            classify_status(code::UNAVAILABLE, "etcdserver: unhealthy cluster"),
+            ErrorClass::UnhealthyCluster
+        );
+        assert_eq!(
+            classify_status(
+                9,
+                "etcdserver: re-configuration failed due to not enough started members"
+            ),
+            ErrorClass::Answered
+        );
+        assert_eq!(
+            classify_status(9, "etcdserver: Peer URLs already exists"),
+            ErrorClass::Answered
+        );
+        assert_eq!(
+            classify_status(code::UNAVAILABLE, "etcdserver: leader changed"),
+            ErrorClass::Answered
+        );
+        assert_eq!(
+            classify_status(code::UNAVAILABLE, "tcp connect error: Connection refused"),
+            ErrorClass::Unreachable
+        );
+        assert_eq!(
+            classify_status(code::DEADLINE_EXCEEDED, "Timeout expired"),
+            ErrorClass::Unreachable
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let p = RetryPolicy {
+            attempts: 5,
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(2),
+        };
+        let d: Vec<_> = (1..=5).map(|n| p.delay_after(n).as_millis()).collect();
+        assert_eq!(d, vec![500, 1000, 2000, 2000, 2000]);
+        assert_eq!(p.delay_after(200), Duration::from_secs(2));
+    }
+
+    fn member(id: u64, name: &str, peers: &[&str], clients: &[&str]) -> MemberInfo {
+        MemberInfo {
+            id,
+            name: name.into(),
+            peer_urls: peers.iter().map(|s| s.to_string()).collect(),
+            client_urls: clients.iter().map(|s| s.to_string()).collect(),
+            is_learner: false,
+        }
+    }
+
+    #[test]
+    fn initial_cluster_names_the_new_member() {
+        let ms = [
+            member(1, "cp-1", &["https://10.0.0.1:2380"], &[]),
+            member(7, "", &["https://10.0.0.2:2380"], &[]),
+        ];
+        assert_eq!(
+            initial_cluster(&ms, 7, "cp-2"),
+            "cp-1=https://10.0.0.1:2380,cp-2=https://10.0.0.2:2380"
+        );
+    }
+
+    #[test]
+    fn hosts_prefer_non_loopback_clients_then_peers() {
+        let ms = [
+            member(
+                1,
+                "a",
+                &["https://10.0.0.1:2380"],
+                &["https://127.0.0.1:2379", "https://10.0.0.9:2379"],
+            ),
+            member(2, "", &["https://[fd00::2]:2380"], &[]),
+            member(
+                3,
+                "c",
+                &["https://10.0.0.3:2380"],
+                &["https://localhost:2379"],
+            ),
+        ];
+        assert_eq!(
+            member_hosts(&ms).unwrap(),
+            vec!["10.0.0.9", "fd00::2", "10.0.0.3"]
+        );
+        let bad = [member(4, "", &[], &[])];
+        let err = member_hosts(&bad).unwrap_err();
+        assert!(err.member.contains('4'), "{err:?}");
+    }
+
+    #[test]
+    fn url_hosts() {
+        assert_eq!(
+            url_host("https://10.0.0.1:2379").as_deref(),
+            Some("10.0.0.1")
+        );
+        assert_eq!(url_host("http://[::1]:2379/x").as_deref(), Some("::1"));
+        assert_eq!(url_host("node-a:2379").as_deref(), Some("node-a"));
+        assert_eq!(url_host("https://host").as_deref(), Some("host"));
+        assert_eq!(url_host("https://"), None);
+    }
+}
