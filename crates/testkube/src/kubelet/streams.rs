@@ -1,0 +1,479 @@
+//! The stub kubelet's exec, attach and port-forward sessions, over SPDY/3.1 and WebSocket.
+//!
+//! Behaviour (an echo, so tests can check bytes both ways):
+//! - `echo ARGS...` writes `ARGS\n` to stdout and exits 0;
+//! - `exit N` or `sh -c "exit N"` exits N (v4+ report it as a `NonZeroExitCode` Status);
+//! - anything else, and attach, copies stdin to stdout until stdin closes, then exits 0.
+//!
+//! Port-forward echoes every data stream back on itself.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_util::codec::Framed;
+
+use super::spdy::{Codec, FLAG_FIN, Frame, SpdyError};
+
+/// The remotecommand subprotocols the stub answers, newest first.
+pub const EXEC_PROTOCOLS: &[&str] = &[
+    "v5.channel.k8s.io",
+    "v4.channel.k8s.io",
+    "v3.channel.k8s.io",
+    "v2.channel.k8s.io",
+    "channel.k8s.io",
+];
+/// The SPDY port-forward subprotocol.
+pub const PORT_FORWARD_PROTOCOL: &str = "portforward.k8s.io";
+
+/// WebSocket channel numbers of the remotecommand protocol.
+const CH_STDIN: u8 = 0;
+const CH_STDOUT: u8 = 1;
+const CH_STDERR: u8 = 2;
+const CH_ERROR: u8 = 3;
+/// v5: `[255, channel]` says the client closed that channel.
+const CH_CLOSE: u8 = 255;
+
+/// An exec or attach request as the kubelet receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRequest {
+    /// `exec` or `attach`.
+    pub kind: String,
+    /// Namespace, pod, container from the path.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// `command` query values (empty for attach).
+    pub command: Vec<String>,
+    /// `input=1`.
+    pub stdin: bool,
+    /// `output=1`.
+    pub stdout: bool,
+    /// `error=1`.
+    pub stderr: bool,
+    /// `tty=1`.
+    pub tty: bool,
+}
+
+/// The first protocol in the client's order that the server also speaks (how
+/// `httpstream.Handshake` and `wsstream` choose).
+pub fn negotiate<'a>(client: &[&'a str], server: &[&str]) -> Option<&'a str> {
+    client.iter().find(|c| server.contains(c)).copied()
+}
+
+/// What the stub's "process" does when it has no stdin to echo: (stdout, exit code).
+pub fn run_command(command: &[String]) -> (Vec<u8>, i32) {
+    let words: Vec<&str> = command.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["echo", rest @ ..] => (format!("{}\n", rest.join(" ")).into_bytes(), 0),
+        ["exit", n] => (Vec::new(), n.parse().unwrap_or(1)),
+        ["sh", "-c", script] => match script.strip_prefix("exit ") {
+            Some(n) => (Vec::new(), n.trim().parse().unwrap_or(1)),
+            None => (Vec::new(), 0),
+        },
+        _ => (Vec::new(), 0),
+    }
+}
+
+/// Whether the command echoes stdin (every command but `echo`, `exit` and `sh -c exit`).
+fn echoes_stdin(command: &[String]) -> bool {
+    let exits = command.len() == 3 && command[0] == "sh" && command[2].starts_with("exit ");
+    let prints = matches!(
+        command.first().map(String::as_str),
+        Some("echo") | Some("exit")
+    );
+    !(prints || exits)
+}
+
+/// The error-stream payload for a v4/v5 client: a `Status` object.
+pub fn v4_status(command: &[String], exit: i32) -> String {
+    if exit == 0 {
+        return json!({"metadata": {}, "status": "Success"}).to_string();
+    }
+    json!({
+        "metadata": {},
+        "status": "Failure",
+        "message": failure_message(command, exit),
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": exit.to_string()}]},
+    })
+    .to_string()
+}
+
+fn failure_message(command: &[String], exit: i32) -> String {
+    format!(
+        "command terminated with non-zero exit code: error executing command [{}], exit code {exit}",
+        command.join(" ")
+    )
+}
+
+/// The error-stream payload for pre-v4 clients: plain text, nothing on success.
+fn v1_status(command: &[String], exit: i32) -> String {
+    if exit == 0 {
+        String::new()
+    } else {
+        failure_message(command, exit)
+    }
+}
+
+fn is_v4_or_later(protocol: &str) -> bool {
+    protocol.starts_with("v4.") || protocol.starts_with("v5.")
+}
+
+/// Serves an exec or attach session over SPDY until it completes or the client goes.
+pub async fn spdy_exec<IO>(io: IO, req: ExecRequest, protocol: String) -> Result<(), SpdyError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut conn = Framed::new(io, Codec::new());
+    let mut stream_types: HashMap<u32, String> = HashMap::new();
+    let by_type = |types: &HashMap<u32, String>, t: &str| {
+        types.iter().find(|(_, v)| v.as_str() == t).map(|(k, _)| *k)
+    };
+    let echo = req.kind == "attach" || echoes_stdin(&req.command);
+    let mut stdin_done = !req.stdin;
+    let mut pending: Vec<Bytes> = Vec::new();
+    let mut last_stream = 0u32;
+    let expected: Vec<&str> = {
+        let mut e = vec!["error"];
+        if req.stdout {
+            e.push("stdout");
+        }
+        if req.stderr && !req.tty {
+            e.push("stderr");
+        }
+        e
+    };
+    loop {
+        let all_there = expected.iter().all(|t| by_type(&stream_types, t).is_some());
+        if stdin_done && all_there {
+            break;
+        }
+        let frame = match conn.next().await {
+            None => return Ok(()),
+            Some(Err(e)) => {
+                let _ = conn
+                    .send(Frame::GoAway {
+                        last_good_stream_id: last_stream,
+                        status: 1,
+                    })
+                    .await;
+                return Err(e);
+            }
+            Some(Ok(f)) => f,
+        };
+        match frame {
+            Frame::SynStream {
+                stream_id, flags, ..
+            } => {
+                let kind = frame.header("streamtype").unwrap_or("").to_string();
+                last_stream = last_stream.max(stream_id);
+                conn.send(Frame::SynReply {
+                    stream_id,
+                    flags: 0,
+                    headers: vec![],
+                })
+                .await?;
+                if kind == "stdin" && flags & FLAG_FIN != 0 {
+                    stdin_done = true;
+                }
+                if kind == "stdout" {
+                    for data in pending.drain(..) {
+                        conn.send(Frame::Data {
+                            stream_id,
+                            flags: 0,
+                            data,
+                        })
+                        .await?;
+                    }
+                }
+                stream_types.insert(stream_id, kind);
+            }
+            Frame::Data {
+                stream_id,
+                flags,
+                data,
+            } if stream_types.get(&stream_id).map(String::as_str) == Some("stdin") => {
+                if echo && !data.is_empty() {
+                    match by_type(&stream_types, "stdout") {
+                        Some(out) => {
+                            conn.send(Frame::Data {
+                                stream_id: out,
+                                flags: 0,
+                                data,
+                            })
+                            .await?
+                        }
+                        None => pending.push(data),
+                    }
+                }
+                if flags & FLAG_FIN != 0 {
+                    stdin_done = true;
+                }
+            }
+            Frame::RstStream { stream_id, .. }
+                if stream_types.get(&stream_id).map(String::as_str) == Some("stdin") =>
+            {
+                stdin_done = true;
+            }
+            Frame::Ping { id } => conn.send(Frame::Ping { id }).await?,
+            Frame::GoAway { .. } => return Ok(()),
+            _ => {}
+        }
+    }
+    let (output, exit) = run_command(&req.command);
+    if let Some(out) = by_type(&stream_types, "stdout") {
+        if !output.is_empty() {
+            conn.send(Frame::Data {
+                stream_id: out,
+                flags: 0,
+                data: output.into(),
+            })
+            .await?;
+        }
+        conn.send(fin(out)).await?;
+    }
+    if let Some(err) = by_type(&stream_types, "stderr") {
+        conn.send(fin(err)).await?;
+    }
+    if let Some(err) = by_type(&stream_types, "error") {
+        let status = if is_v4_or_later(&protocol) {
+            v4_status(&req.command, exit)
+        } else {
+            v1_status(&req.command, exit)
+        };
+        if !status.is_empty() {
+            conn.send(Frame::Data {
+                stream_id: err,
+                flags: 0,
+                data: status.into(),
+            })
+            .await?;
+        }
+        conn.send(fin(err)).await?;
+    }
+    conn.send(Frame::GoAway {
+        last_good_stream_id: last_stream,
+        status: 0,
+    })
+    .await?;
+    conn.get_mut().shutdown().await?;
+    Ok(())
+}
+
+fn fin(stream_id: u32) -> Frame {
+    Frame::Data {
+        stream_id,
+        flags: FLAG_FIN,
+        data: Bytes::new(),
+    }
+}
+
+/// Serves a port-forward session over SPDY: each `data` stream is echoed back on itself
+/// until the client closes it; the session lasts until the client goes. Returns the
+/// ports the client asked for.
+pub async fn spdy_port_forward<IO>(io: IO) -> Result<Vec<String>, SpdyError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut conn = Framed::new(io, Codec::new());
+    let mut data_streams: HashMap<u32, ()> = HashMap::new();
+    let mut ports = Vec::new();
+    while let Some(frame) = conn.next().await {
+        let frame = frame?;
+        match frame {
+            Frame::SynStream {
+                stream_id, flags, ..
+            } => {
+                let kind = frame.header("streamtype").unwrap_or("").to_string();
+                if let (Some(p), "data") = (frame.header("port"), kind.as_str()) {
+                    ports.push(p.to_string());
+                }
+                conn.send(Frame::SynReply {
+                    stream_id,
+                    flags: 0,
+                    headers: vec![],
+                })
+                .await?;
+                if kind == "data" {
+                    data_streams.insert(stream_id, ());
+                    if flags & FLAG_FIN != 0 {
+                        conn.send(fin(stream_id)).await?;
+                    }
+                }
+            }
+            Frame::Data {
+                stream_id,
+                flags,
+                data,
+            } if data_streams.contains_key(&stream_id) => {
+                conn.send(Frame::Data {
+                    stream_id,
+                    flags: flags & FLAG_FIN,
+                    data,
+                })
+                .await?;
+            }
+            Frame::Ping { id } => conn.send(Frame::Ping { id }).await?,
+            Frame::GoAway { .. } => break,
+            _ => {}
+        }
+    }
+    Ok(ports)
+}
+
+/// Serves an exec or attach session over WebSocket (`channel.k8s.io` family: binary
+/// messages whose first byte is the channel).
+pub async fn ws_exec<IO>(
+    mut ws: WebSocketStream<IO>,
+    req: ExecRequest,
+    protocol: String,
+) -> Result<(), tokio_tungstenite::tungstenite::Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let echo = req.kind == "attach" || echoes_stdin(&req.command);
+    // The kubelet tells the client the streams are ready with an empty message on the
+    // lowest writable channel.
+    let ready = if req.stdout {
+        CH_STDOUT
+    } else if req.stderr {
+        CH_STDERR
+    } else {
+        CH_ERROR
+    };
+    ws.send(Message::binary(vec![ready])).await?;
+    let v5 = protocol.starts_with("v5.");
+    let mut stdin_done = !req.stdin;
+    while !stdin_done {
+        let msg = match tokio::time::timeout(Duration::from_secs(3600), ws.next()).await {
+            Err(_) | Ok(None) => return Ok(()),
+            Ok(Some(m)) => m?,
+        };
+        match msg {
+            Message::Binary(data) => {
+                if data.is_empty() {
+                    continue;
+                }
+                if v5 && data[0] == CH_CLOSE {
+                    if data.get(1) == Some(&CH_STDIN) {
+                        stdin_done = true;
+                    }
+                    continue;
+                }
+                if data[0] == CH_STDIN && data.len() > 1 && echo && req.stdout {
+                    let mut out = Vec::with_capacity(data.len());
+                    out.push(CH_STDOUT);
+                    out.extend_from_slice(&data[1..]);
+                    ws.send(Message::binary(out)).await?;
+                }
+            }
+            Message::Close(_) => return Ok(()),
+            _ => {}
+        }
+    }
+    let (output, exit) = run_command(&req.command);
+    if req.stdout && !output.is_empty() {
+        let mut out = vec![CH_STDOUT];
+        out.extend_from_slice(&output);
+        ws.send(Message::binary(out)).await?;
+    }
+    let status = if is_v4_or_later(&protocol) {
+        v4_status(&req.command, exit)
+    } else {
+        v1_status(&req.command, exit)
+    };
+    if !status.is_empty() {
+        let mut out = vec![CH_ERROR];
+        out.extend_from_slice(status.as_bytes());
+        ws.send(Message::binary(out)).await?;
+    }
+    ws.send(Message::Close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    })))
+    .await?;
+    // Wait briefly for the client's close reply so the close handshake completes.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+    Ok(())
+}
+
+/// Serves a port-forward session over WebSocket (`v4.channel.k8s.io` / `portforward.k8s.io`
+/// as the Python client speaks it): for port i, channel 2i carries data and 2i+1 errors;
+/// each channel first announces its port as two little-endian bytes. Data is echoed.
+pub async fn ws_port_forward<IO>(
+    mut ws: WebSocketStream<IO>,
+    ports: Vec<u16>,
+) -> Result<(), tokio_tungstenite::tungstenite::Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    for (i, port) in ports.iter().enumerate() {
+        for ch in [2 * i as u8, 2 * i as u8 + 1] {
+            let le = port.to_le_bytes();
+            ws.send(Message::binary(vec![ch, le[0], le[1]])).await?;
+        }
+    }
+    while let Some(msg) = ws.next().await {
+        match msg? {
+            Message::Binary(data)
+                if data.len() > 1 && data[0] % 2 == 0 && (data[0] as usize) / 2 < ports.len() =>
+            {
+                ws.send(Message::binary(data)).await?;
+            }
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn negotiation_follows_client_order() {
+        assert_eq!(
+            negotiate(&["v4.channel.k8s.io", "v5.channel.k8s.io"], EXEC_PROTOCOLS),
+            Some("v4.channel.k8s.io")
+        );
+        assert_eq!(negotiate(&["v9.channel.k8s.io"], EXEC_PROTOCOLS), None);
+    }
+
+    #[test]
+    fn commands_behave_like_the_documented_stub() {
+        assert_eq!(run_command(&s(&["echo", "a", "b"])), (b"a b\n".to_vec(), 0));
+        assert_eq!(run_command(&s(&["exit", "3"])).1, 3);
+        assert_eq!(run_command(&s(&["sh", "-c", "exit 4"])).1, 4);
+        assert_eq!(run_command(&s(&["cat"])), (vec![], 0));
+        assert!(echoes_stdin(&s(&["cat"])));
+        assert!(!echoes_stdin(&s(&["echo", "x"])));
+    }
+
+    #[test]
+    fn v4_status_reports_exit_codes() {
+        let ok: serde_json::Value = serde_json::from_str(&v4_status(&s(&["cat"]), 0)).unwrap();
+        assert_eq!(ok["status"], "Success");
+        let bad: serde_json::Value =
+            serde_json::from_str(&v4_status(&s(&["exit", "3"]), 3)).unwrap();
+        assert_eq!(bad["reason"], "NonZeroExitCode");
+        assert_eq!(bad["details"]["causes"][0]["message"], "3");
+    }
+}
