@@ -1,7 +1,40 @@
 //! A test double of the Kubernetes API server, for this project's tests and its local
 //! sandbox. It is never a production control plane.
+//!
+//! [`ApiServer`] serves HTTPS on loopback with a throwaway CA, writes a kubeconfig that
+//! kubectl, kube-rs and the python client load, and behaves like kube-apiserver where
+//! this project depends on it: resourceVersions and conflicts, the status subresource
+//! strategies, merge/JSON/strategic patches, selectors, watches with bookmarks and 410,
+//! graceful pod deletion, finalizers, owner-reference garbage collection, the bootstrap
+//! token cleaner, and the kubelet proxy for `pods/log|exec|attach|portforward`.
+//! Tests inject faults ([`Fault`]) and read the request log ([`RequestRecord`]).
+//!
+//! Modules by concern: [`server`] (listener, TLS, routing), [`store`] (objects,
+//! resourceVersions, the event window), [`resources`] (the served kinds), [`strategy`]
+//! (what create/update/delete do to objects), [`patch`], [`selector`], [`watch`], [`gc`],
+//! [`auth`], [`faults`], [`discovery`], [`kubeconfig`], [`tls`].
 
+mod api;
+pub mod auth;
 pub mod body;
+pub mod discovery;
+pub mod faults;
+pub mod gc;
+pub mod kubeconfig;
 pub mod kubelet;
+pub mod patch;
 pub mod proxy;
+mod proxy_seam;
+pub mod resources;
+pub mod selector;
+pub mod server;
 pub mod status;
+pub mod store;
+pub mod strategy;
+pub mod tls;
+pub mod watch;
+
+pub use auth::{Attributes, UserInfo};
+pub use faults::{Fault, FaultKind};
+pub use server::{ApiServer, Builder, RequestRecord};
+pub use tls::CertPair;

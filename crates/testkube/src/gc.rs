@@ -1,0 +1,301 @@
+//! Background controllers kube-controller-manager would run: the owner-reference garbage
+//! collector, the namespace controller's cleanup, and the bootstrap token cleaner.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::api::{delete_locked, namespaced_resources};
+use crate::resources::{RESOURCES, find};
+use crate::store::{Inner, obj_key, res_index};
+
+/// What the collector decides for one dependent, from the uids of the owners it names
+/// and which of them still exist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every owner still exists (or was never seen: unknown uids are left alone).
+    Keep,
+    /// Some owners are gone: keep only these owner references.
+    Prune(Vec<Value>),
+    /// No owner is left: delete the dependent.
+    Delete,
+}
+
+/// Decides for one dependent (`attemptToDeleteItem`): references to owners that are gone
+/// are dropped; with no owner left the dependent goes.
+pub fn verdict(owner_refs: &[Value], gone: &dyn Fn(&str) -> bool) -> Verdict {
+    if owner_refs.is_empty() {
+        return Verdict::Keep;
+    }
+    let live: Vec<Value> = owner_refs
+        .iter()
+        .filter(|r| !gone(r.get("uid").and_then(Value::as_str).unwrap_or("")))
+        .cloned()
+        .collect();
+    if live.len() == owner_refs.len() {
+        Verdict::Keep
+    } else if live.is_empty() {
+        Verdict::Delete
+    } else {
+        Verdict::Prune(live)
+    }
+}
+
+fn finalizers(o: &Value) -> Vec<String> {
+    o.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn without_finalizer(o: &Value, f: &str) -> Value {
+    let mut o = o.clone();
+    let rest: Vec<String> = finalizers(&o).into_iter().filter(|x| x != f).collect();
+    o["metadata"]["finalizers"] = json!(rest);
+    o
+}
+
+/// Stores an updated object, removing it instead when it is being deleted and nothing
+/// holds it any more.
+fn put_or_remove(g: &mut Inner, idx: usize, o: Value) {
+    if crate::strategy::should_remove_after_update(&o) {
+        let (ns, name) = obj_key(&o);
+        g.remove(idx, &ns, &name);
+    } else {
+        g.put(idx, o);
+    }
+}
+
+/// One collection pass over the whole store.
+/// Returns whether anything changed (the caller repeats until nothing does, since a
+/// deletion can orphan further dependents).
+pub fn pass(g: &mut Inner) -> bool {
+    let mut changed = false;
+    // Owners being deleted in the foreground or with orphaning.
+    let mut foreground: Vec<(usize, Arc<Value>)> = Vec::new();
+    let mut orphaning: Vec<(usize, Arc<Value>)> = Vec::new();
+    let mut dependents: Vec<(usize, Arc<Value>)> = Vec::new();
+    for (idx, r) in RESOURCES.iter().enumerate() {
+        if r.create_only {
+            continue;
+        }
+        for o in g.list(idx, None) {
+            if o.pointer("/metadata/deletionTimestamp").is_some() {
+                let f = finalizers(&o);
+                if f.iter().any(|x| x == "foregroundDeletion") {
+                    foreground.push((idx, o.clone()));
+                }
+                if f.iter().any(|x| x == "orphan") {
+                    orphaning.push((idx, o.clone()));
+                }
+            }
+            if o.pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty())
+            {
+                dependents.push((idx, o));
+            }
+        }
+    }
+    let refs_of = |o: &Value| -> Vec<Value> {
+        o.pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    for (idx, owner) in &orphaning {
+        let uid = owner
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        for (didx, d) in &dependents {
+            let refs = refs_of(d);
+            if refs.iter().any(|r| r["uid"] == uid) {
+                let mut nd = (**d).clone();
+                nd["metadata"]["ownerReferences"] = json!(
+                    refs.into_iter()
+                        .filter(|r| r["uid"] != uid)
+                        .collect::<Vec<_>>()
+                );
+                g.put(*didx, nd);
+                changed = true;
+            }
+        }
+        if !changed {
+            put_or_remove(g, *idx, without_finalizer(owner, "orphan"));
+            return true;
+        }
+    }
+    if changed {
+        return true;
+    }
+    for (idx, owner) in &foreground {
+        let uid = owner
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let mut waiting = false;
+        for (didx, d) in &dependents {
+            if refs_of(d).iter().any(|r| r["uid"] == uid) {
+                waiting = true;
+                if d.pointer("/metadata/deletionTimestamp").is_none() {
+                    let (ns, name) = obj_key(d);
+                    let _ = delete_locked(
+                        g,
+                        &RESOURCES[*didx],
+                        &ns,
+                        &name,
+                        None,
+                        Some("Foreground"),
+                        false,
+                    );
+                    changed = true;
+                }
+            }
+        }
+        if !waiting {
+            put_or_remove(g, *idx, without_finalizer(owner, "foregroundDeletion"));
+            return true;
+        }
+    }
+    for (didx, d) in &dependents {
+        let refs = refs_of(d);
+        let gone = |uid: &str| g.was_removed(uid);
+        match verdict(&refs, &gone) {
+            Verdict::Keep => {}
+            Verdict::Prune(live) => {
+                let mut nd = (**d).clone();
+                nd["metadata"]["ownerReferences"] = json!(live);
+                g.put(*didx, nd);
+                changed = true;
+            }
+            Verdict::Delete => {
+                if d.pointer("/metadata/deletionTimestamp").is_none() {
+                    let (ns, name) = obj_key(d);
+                    let _ = delete_locked(g, &RESOURCES[*didx], &ns, &name, None, None, false);
+                    changed = true;
+                }
+            }
+        }
+    }
+    changed |= namespace_pass(g);
+    changed
+}
+
+/// The namespace controller: a terminating namespace loses its contents, then its
+/// `kubernetes` finalizer, then goes.
+fn namespace_pass(g: &mut Inner) -> bool {
+    let nsres = find("", "v1", "namespaces").expect("served");
+    let nsidx = res_index(nsres);
+    let mut changed = false;
+    for ns in g.list(nsidx, None) {
+        if ns.pointer("/metadata/deletionTimestamp").is_none() {
+            continue;
+        }
+        let name = ns
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let mut empty = true;
+        for r in namespaced_resources() {
+            let idx = res_index(r);
+            for o in g.list(idx, Some(&name)) {
+                empty = false;
+                if o.pointer("/metadata/deletionTimestamp").is_none() {
+                    let (ons, oname) = obj_key(&o);
+                    let _ = delete_locked(g, r, &ons, &oname, Some(0), None, false);
+                    changed = true;
+                }
+            }
+        }
+        if empty {
+            let mut o = without_finalizer(&ns, "kubernetes");
+            o["spec"]["finalizers"] = json!([]);
+            put_or_remove(g, nsidx, o);
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// Bootstrap token Secrets in kube-system whose expiration has passed (`now` in seconds
+/// since the epoch): (namespace, name, uid).
+pub fn expired_tokens(secrets: &[Arc<Value>], now: i64) -> Vec<(String, String, String)> {
+    use base64::Engine;
+    secrets
+        .iter()
+        .filter(|s| s.get("type").and_then(Value::as_str) == Some("bootstrap.kubernetes.io/token"))
+        .filter(|s| {
+            s.pointer("/data/expiration")
+                .and_then(Value::as_str)
+                .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                .and_then(|raw| String::from_utf8(raw).ok())
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t.trim()).ok())
+                .is_some_and(|exp| exp.timestamp() <= now)
+        })
+        .map(|s| {
+            let (ns, name) = obj_key(s);
+            let uid = s
+                .pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            (ns, name, uid)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refs(uids: &[&str]) -> Vec<Value> {
+        uids.iter()
+            .map(|u| json!({"uid": u, "kind": "ConfigMap", "name": u}))
+            .collect()
+    }
+
+    #[test]
+    fn a_dependent_goes_only_when_every_owner_is_gone() {
+        let gone_a = |u: &str| u == "a";
+        assert_eq!(verdict(&refs(&["a"]), &gone_a), Verdict::Delete);
+        assert_eq!(
+            verdict(&refs(&["a", "b"]), &gone_a),
+            Verdict::Prune(refs(&["b"]))
+        );
+        assert_eq!(verdict(&refs(&["b"]), &gone_a), Verdict::Keep);
+        assert_eq!(verdict(&[], &gone_a), Verdict::Keep);
+    }
+
+    #[test]
+    fn expired_tokens_are_found() {
+        use base64::Engine;
+        let enc = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let tok = |name: &str, exp: &str| {
+            Arc::new(json!({"type": "bootstrap.kubernetes.io/token",
+            "metadata": {"name": name, "namespace": "kube-system", "uid": name},
+            "data": {"expiration": enc(exp)}}))
+        };
+        let list = [
+            tok("old", "2020-01-01T00:00:00Z"),
+            tok("new", "2099-01-01T00:00:00Z"),
+            Arc::new(
+                json!({"type": "Opaque", "metadata": {"name": "x"}, "data": {"expiration": enc("2020-01-01T00:00:00Z")}}),
+            ),
+        ];
+        let out = expired_tokens(&list, 1_700_000_000);
+        assert_eq!(
+            out,
+            [(
+                "kube-system".to_string(),
+                "old".to_string(),
+                "old".to_string()
+            )]
+        );
+    }
+}

@@ -1,0 +1,406 @@
+//! The object store: every object as JSON, one global resourceVersion counter, and a
+//! retained window of change events that watches resume from.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+
+use crate::resources::{RESOURCES, Resource};
+
+/// A watch event type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    /// The object was created.
+    Added,
+    /// The object changed.
+    Modified,
+    /// The object was removed.
+    Deleted,
+}
+
+impl EventType {
+    /// The wire name (`ADDED`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One retained change.
+#[derive(Clone, Debug)]
+pub struct Event {
+    /// The resourceVersion the change produced.
+    pub rv: u64,
+    /// Index of the resource in [`RESOURCES`].
+    pub res: usize,
+    /// What happened.
+    pub kind: EventType,
+    /// The object after the change (for a deletion: the last state, at the deletion's rv).
+    pub object: Arc<Value>,
+    /// The object before the change (None for a creation). Watches with selectors need it
+    /// to tell an object leaving the selection from one that never was in it.
+    pub prev: Option<Arc<Value>>,
+}
+
+/// A resourceVersion older than the retained window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooOld {
+    /// The resourceVersion asked for.
+    pub requested: u64,
+    /// The oldest resourceVersion still servable.
+    pub oldest: u64,
+}
+
+impl TooOld {
+    /// kube-apiserver's wording.
+    pub fn message(&self) -> String {
+        format!(
+            "too old resource version: {} ({})",
+            self.requested, self.oldest
+        )
+    }
+}
+
+type ObjKey = (String, String);
+
+/// The store's state, held under one lock so read-check-write sequences are atomic.
+pub struct Inner {
+    objects: Vec<BTreeMap<ObjKey, Arc<Value>>>,
+    rv: u64,
+    events: VecDeque<Event>,
+    window: usize,
+    /// A watch can resume from any rv >= floor: every event after it is retained.
+    floor: u64,
+    uids: HashMap<String, (usize, ObjKey)>,
+    tombstones: std::collections::HashSet<String>,
+}
+
+/// The shared store.
+pub struct Store {
+    inner: Mutex<Inner>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+/// The index of a resource in [`RESOURCES`].
+pub fn res_index(res: &Resource) -> usize {
+    RESOURCES
+        .iter()
+        .position(|r| r == res)
+        .expect("resources come from the table")
+}
+
+fn key(ns: &str, name: &str) -> ObjKey {
+    (ns.to_string(), name.to_string())
+}
+
+impl Store {
+    /// An empty store retaining `window` events.
+    pub fn new(window: usize) -> Self {
+        let (changed, _) = tokio::sync::watch::channel(0);
+        Store {
+            inner: Mutex::new(Inner {
+                objects: vec![BTreeMap::new(); RESOURCES.len()],
+                rv: 0,
+                events: VecDeque::new(),
+                window: window.max(1),
+                floor: 0,
+                uids: HashMap::new(),
+                tombstones: Default::default(),
+            }),
+            changed,
+        }
+    }
+
+    /// Locks the store. Keep the guard short-lived and never hold it across an await.
+    pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock would be a bug in the double; the data are
+        // still consistent enough to keep serving other tests.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes watchers; call after releasing the lock following writes.
+    pub fn notify(&self, rv: u64) {
+        self.changed.send_replace(rv);
+    }
+
+    /// A receiver that changes whenever the store does.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+}
+
+impl Inner {
+    /// The latest resourceVersion.
+    pub fn rv(&self) -> u64 {
+        self.rv
+    }
+
+    /// The oldest resourceVersion a watch can resume from.
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// One object.
+    pub fn get(&self, res: usize, ns: &str, name: &str) -> Option<Arc<Value>> {
+        self.objects[res].get(&key(ns, name)).cloned()
+    }
+
+    /// Objects of a resource, in (namespace, name) order, optionally in one namespace.
+    pub fn list(&self, res: usize, ns: Option<&str>) -> Vec<Arc<Value>> {
+        match ns {
+            None => self.objects[res].values().cloned().collect(),
+            Some(ns) => self.objects[res]
+                .range(key(ns, "")..)
+                .take_while(|((n, _), _)| n == ns)
+                .map(|(_, v)| v.clone())
+                .collect(),
+        }
+    }
+
+    /// Objects after `after` (exclusive) in key order, for paged lists.
+    pub fn list_after(
+        &self,
+        res: usize,
+        ns: Option<&str>,
+        after: &(String, String),
+    ) -> Vec<Arc<Value>> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        self.objects[res]
+            .range((Excluded(after.clone()), Unbounded))
+            .take_while(|((n, _), _)| ns.is_none_or(|ns| n == ns))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Number of objects of a resource.
+    pub fn count(&self, res: usize) -> usize {
+        self.objects[res].len()
+    }
+
+    /// Where an object with this uid lives, if it exists.
+    pub fn by_uid(&self, uid: &str) -> Option<(usize, String, String)> {
+        self.uids
+            .get(uid)
+            .map(|(r, (ns, name))| (*r, ns.clone(), name.clone()))
+    }
+
+    /// Whether an object with this uid existed and was removed.
+    pub fn was_removed(&self, uid: &str) -> bool {
+        self.tombstones.contains(uid) && !self.uids.contains_key(uid)
+    }
+
+    /// Whether an object with this uid exists.
+    pub fn uid_exists(&self, uid: &str) -> bool {
+        self.uids.contains_key(uid)
+    }
+
+    /// Stores `obj` (a create when absent, else an update), giving it the next
+    /// resourceVersion. Returns the stored object.
+    pub fn put(&mut self, res: usize, obj: Value) -> Arc<Value> {
+        let mut obj = obj;
+        self.rv += 1;
+        let rv = self.rv;
+        obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
+        let ns = obj
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let k = key(&ns, &name);
+        let obj = Arc::new(obj);
+        let prev = self.objects[res].insert(k.clone(), obj.clone());
+        if let Some(uid) = obj.pointer("/metadata/uid").and_then(Value::as_str) {
+            self.uids.insert(uid.to_string(), (res, k));
+        }
+        let kind = if prev.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.record(Event {
+            rv,
+            res,
+            kind,
+            object: obj.clone(),
+            prev,
+        });
+        obj
+    }
+
+    /// Removes an object. The returned (and watched) last state carries the deletion's
+    /// resourceVersion, as kube-apiserver's DELETED events do.
+    pub fn remove(&mut self, res: usize, ns: &str, name: &str) -> Option<Arc<Value>> {
+        let prev = self.objects[res].remove(&key(ns, name))?;
+        if let Some(uid) = prev.pointer("/metadata/uid").and_then(Value::as_str) {
+            self.uids.remove(uid);
+            self.tombstones.insert(uid.to_string());
+        }
+        self.rv += 1;
+        let mut last = (*prev).clone();
+        last["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
+        let last = Arc::new(last);
+        self.record(Event {
+            rv: self.rv,
+            res,
+            kind: EventType::Deleted,
+            object: last.clone(),
+            prev: Some(prev),
+        });
+        Some(last)
+    }
+
+    fn record(&mut self, ev: Event) {
+        self.events.push_back(ev);
+        while self.events.len() > self.window {
+            if let Some(old) = self.events.pop_front() {
+                self.floor = old.rv;
+            }
+        }
+    }
+
+    /// Forgets every retained event, as an etcd compaction followed by a watch cache
+    /// restart would: older resourceVersions now get 410.
+    pub fn compact(&mut self) {
+        self.events.clear();
+        self.floor = self.rv;
+    }
+
+    /// Changes the retained window.
+    pub fn set_window(&mut self, window: usize) {
+        self.window = window.max(1);
+        while self.events.len() > self.window {
+            if let Some(old) = self.events.pop_front() {
+                self.floor = old.rv;
+            }
+        }
+    }
+
+    /// Events of resource `res` with rv > `since`, at most `max` of them, or TooOld.
+    pub fn events_since(&self, res: usize, since: u64, max: usize) -> Result<Vec<Event>, TooOld> {
+        if since < self.floor {
+            return Err(TooOld {
+                requested: since,
+                oldest: self.floor,
+            });
+        }
+        // Events are in rv order: binary search the first one after `since`.
+        let start = self.events.partition_point(|e| e.rv <= since);
+        Ok(self
+            .events
+            .range(start..)
+            .filter(|e| e.res == res)
+            .take(max)
+            .cloned()
+            .collect())
+    }
+
+    /// The state of resource `res` at resourceVersion `at`, rebuilt from the current
+    /// objects by undoing retained events (for `resourceVersionMatch=Exact`).
+    pub fn snapshot_at(
+        &self,
+        res: usize,
+        ns: Option<&str>,
+        at: u64,
+    ) -> Result<Vec<Arc<Value>>, TooOld> {
+        if at < self.floor || at > self.rv {
+            return Err(TooOld {
+                requested: at,
+                oldest: self.floor,
+            });
+        }
+        let mut state: BTreeMap<ObjKey, Arc<Value>> = self.objects[res].clone();
+        let start = self.events.partition_point(|e| e.rv <= at);
+        for ev in self.events.range(start..).rev().filter(|e| e.res == res) {
+            let k = obj_key(&ev.object);
+            match &ev.prev {
+                Some(p) => {
+                    state.insert(k, p.clone());
+                }
+                None => {
+                    state.remove(&k);
+                }
+            }
+        }
+        Ok(state
+            .into_iter()
+            .filter(|((n, _), _)| ns.is_none_or(|ns| n == ns))
+            .map(|(_, v)| v)
+            .collect())
+    }
+}
+
+/// The (namespace, name) key of an object.
+pub fn obj_key(obj: &Value) -> (String, String) {
+    let s = |p: &str| {
+        obj.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    (s("/metadata/namespace"), s("/metadata/name"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cm(name: &str) -> Value {
+        json!({"metadata": {"name": name, "namespace": "default", "uid": format!("u-{name}")}})
+    }
+
+    #[test]
+    fn every_write_gets_a_higher_resource_version() {
+        let s = Store::new(100);
+        let mut g = s.lock();
+        let a = g.put(3, cm("a"));
+        let b = g.put(3, cm("a"));
+        let rv = |o: &Value| {
+            o["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        };
+        assert!(rv(&b) > rv(&a));
+        let gone = g.remove(3, "default", "a").unwrap();
+        assert!(rv(&gone) > rv(&b));
+        assert!(!g.uid_exists("u-a"));
+    }
+
+    #[test]
+    fn events_outside_the_window_are_too_old() {
+        let s = Store::new(2);
+        let mut g = s.lock();
+        for n in ["a", "b", "c"] {
+            g.put(3, cm(n));
+        }
+        assert_eq!(g.events_since(3, 1, 10).unwrap().len(), 2);
+        assert_eq!(g.events_since(3, 0, 10).unwrap_err().oldest, 1);
+        g.compact();
+        assert!(g.events_since(3, 2, 10).is_err());
+        assert!(g.events_since(3, 3, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn snapshots_undo_later_events() {
+        let s = Store::new(100);
+        let mut g = s.lock();
+        g.put(3, cm("a"));
+        let at = g.rv();
+        g.put(3, cm("b"));
+        g.remove(3, "default", "a");
+        let snap = g.snapshot_at(3, None, at).unwrap();
+        assert_eq!(snap.len(), 1);
+        assert_eq!(snap[0]["metadata"]["name"], "a");
+    }
+}

@@ -1,0 +1,687 @@
+//! What kube-apiserver's registry strategies do to objects on create, update, status
+//! update and delete (`pkg/registry/core/{node,pod,namespace}/strategy.go`,
+//! `staging/src/k8s.io/apiserver/pkg/registry/rest/{create,update,delete}.go`).
+//! Pure functions over JSON; the handlers apply their results.
+
+use serde_json::{Map, Value, json};
+
+use crate::resources::{NameRule, Resource};
+use crate::status::Cause;
+
+/// RFC 1123 label check.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// RFC 1123 subdomain check.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253
+        && !s.is_empty()
+        && s.split('.').all(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !p.starts_with('-')
+                && !p.ends_with('-')
+        })
+}
+
+/// Why a name is not valid for a rule, if it is not.
+pub fn name_problem(rule: NameRule, name: &str) -> Option<&'static str> {
+    match rule {
+        NameRule::Subdomain if !is_dns_subdomain(name) => Some(
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
+        ),
+        NameRule::Label if !is_dns_label(name) => Some(
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
+        ),
+        NameRule::PathSegment if name == "." || name == ".." => Some("may not be '.' or '..'"),
+        NameRule::PathSegment if name.contains('/') || name.contains('%') => {
+            Some("may not contain '/' or '%'")
+        }
+        _ => None,
+    }
+}
+
+fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
+    v.pointer(ptr).and_then(Value::as_str)
+}
+
+/// Validation on create and update: the causes of a 422, empty when valid.
+pub fn validate(res: &Resource, obj: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let name = str_at(obj, "/metadata/name").unwrap_or("");
+    if name.is_empty() {
+        causes.push(Cause::required(
+            "metadata.name",
+            "name or generateName is required",
+        ));
+    } else if let Some(problem) = name_problem(res.name_rule, name) {
+        causes.push(Cause::invalid("metadata.name", &json!(name), problem));
+    }
+    if let Some(labels) = obj.pointer("/metadata/labels") {
+        match labels.as_object() {
+            Some(map) => {
+                for (k, v) in map {
+                    let ok = v.as_str().is_some_and(|v| {
+                        v.len() <= 63
+                            && v.bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                            && (v.is_empty()
+                                || (v.as_bytes()[0].is_ascii_alphanumeric()
+                                    && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric()))
+                    });
+                    if !ok {
+                        causes.push(Cause::invalid(
+                            "metadata.labels",
+                            v,
+                            &format!("a valid label value for key {k:?} must be 63 characters or less, empty or begin and end with an alphanumeric character"),
+                        ));
+                    }
+                }
+            }
+            None if !labels.is_null() => {
+                causes.push(Cause::invalid("metadata.labels", labels, "must be a map"))
+            }
+            None => {}
+        }
+    }
+    match res.plural {
+        "pods" => validate_pod(obj, &mut causes),
+        "leases" => {
+            if let Some(d) = obj.pointer("/spec/leaseDurationSeconds")
+                && d.as_i64().is_none_or(|d| d <= 0)
+            {
+                causes.push(Cause::invalid(
+                    "spec.leaseDurationSeconds",
+                    d,
+                    "must be greater than 0",
+                ));
+            }
+        }
+        "secrets" => {
+            if let Some(data) = obj.get("data").and_then(Value::as_object) {
+                for (k, v) in data {
+                    let ok = v.as_str().is_some_and(|s| {
+                        use base64::Engine;
+                        base64::engine::general_purpose::STANDARD.decode(s).is_ok()
+                    });
+                    if !ok {
+                        causes.push(Cause::invalid(
+                            &format!("data[{k}]"),
+                            v,
+                            "must be base64-encoded bytes",
+                        ));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    causes
+}
+
+fn validate_pod(obj: &Value, causes: &mut Vec<Cause>) {
+    let containers = obj.pointer("/spec/containers").and_then(Value::as_array);
+    match containers {
+        None => causes.push(Cause::required("spec.containers", "")),
+        Some(cs) if cs.is_empty() => causes.push(Cause::required("spec.containers", "")),
+        Some(cs) => {
+            for (i, c) in cs.iter().enumerate() {
+                if str_at(c, "/name").is_none_or(str::is_empty) {
+                    causes.push(Cause::required(&format!("spec.containers[{i}].name"), ""));
+                }
+                if str_at(c, "/image").is_none_or(str::is_empty) {
+                    causes.push(Cause::required(&format!("spec.containers[{i}].image"), ""));
+                }
+            }
+        }
+    }
+}
+
+/// Extra checks on a pod update (`ValidatePodUpdate`, scheduling gates).
+pub fn validate_pod_update(new: &Value, old: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let gates = |v: &Value| -> Vec<String> {
+        v.pointer("/spec/schedulingGates")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|g| g.get("name").and_then(Value::as_str).map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (ng, og) = (gates(new), gates(old));
+    if ng.iter().any(|g| !og.contains(g)) {
+        causes.push(Cause::forbidden(
+            "spec.schedulingGates",
+            "only deletion is allowed, but found new scheduling gate",
+        ));
+    }
+    let old_node = str_at(old, "/spec/nodeName").unwrap_or("");
+    let new_node = str_at(new, "/spec/nodeName").unwrap_or("");
+    if old_node != new_node && !old_node.is_empty() {
+        causes.push(Cause::forbidden(
+            "spec",
+            "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
+        ));
+    }
+    causes
+}
+
+/// The pod QoS class (`pkg/apis/core/helper/qos`): BestEffort without any requests or
+/// limits, Guaranteed when every container limits cpu and memory with requests equal
+/// to limits, Burstable otherwise.
+pub fn qos_class(pod: &Value) -> &'static str {
+    let mut containers: Vec<&Value> = Vec::new();
+    for key in ["/spec/containers", "/spec/initContainers"] {
+        if let Some(a) = pod.pointer(key).and_then(Value::as_array) {
+            containers.extend(a.iter());
+        }
+    }
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in &containers {
+        let req = c.pointer("/resources/requests").and_then(Value::as_object);
+        let lim = c.pointer("/resources/limits").and_then(Value::as_object);
+        let relevant = |m: Option<&Map<String, Value>>| {
+            m.map(|m| {
+                m.iter()
+                    .filter(|(k, _)| *k == "cpu" || *k == "memory")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<Map<String, Value>>()
+            })
+            .unwrap_or_default()
+        };
+        let (req, lim) = (relevant(req), relevant(lim));
+        if !req.is_empty() || !lim.is_empty() {
+            any = true;
+        }
+        if lim.len() < 2 {
+            guaranteed = false;
+        }
+        for (k, v) in &req {
+            if lim.get(k) != Some(v) {
+                guaranteed = false;
+            }
+        }
+    }
+    if !any {
+        "BestEffort"
+    } else if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+/// Defaulting kube-apiserver applies to pods that callers here read back.
+fn default_pod(pod: &mut Value) {
+    let spec = &mut pod["spec"];
+    if !spec.is_object() {
+        return;
+    }
+    for (k, v) in [
+        ("restartPolicy", json!("Always")),
+        ("terminationGracePeriodSeconds", json!(30)),
+        ("dnsPolicy", json!("ClusterFirst")),
+        ("schedulerName", json!("default-scheduler")),
+        ("securityContext", json!({})),
+        ("enableServiceLinks", json!(true)),
+        ("preemptionPolicy", json!("PreemptLowerPriority")),
+        ("priority", json!(0)),
+    ] {
+        if spec.get(k).is_none() {
+            spec[k] = v;
+        }
+    }
+    if let Some(cs) = spec.get_mut("containers").and_then(Value::as_array_mut) {
+        for c in cs {
+            if !c.is_object() {
+                continue;
+            }
+            if c.get("terminationMessagePath").is_none() {
+                c["terminationMessagePath"] = json!("/dev/termination-log");
+            }
+            if c.get("terminationMessagePolicy").is_none() {
+                c["terminationMessagePolicy"] = json!("File");
+            }
+            if c.get("imagePullPolicy").is_none() {
+                let image = c.get("image").and_then(Value::as_str).unwrap_or("");
+                let latest = image.ends_with(":latest")
+                    || !image.rsplit('/').next().unwrap_or("").contains(':');
+                c["imagePullPolicy"] = json!(if latest { "Always" } else { "IfNotPresent" });
+            }
+            if c.get("resources").is_none() {
+                c["resources"] = json!({});
+            }
+        }
+    }
+}
+
+/// `PrepareForCreate` of the kind's strategy.
+pub fn prepare_create(res: &Resource, obj: &mut Value) {
+    if !res.tracks_generation {
+        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("generation");
+        }
+    } else {
+        obj["metadata"]["generation"] = json!(1);
+    }
+    match res.plural {
+        "pods" => {
+            default_pod(obj);
+            let mut status = json!({"phase": "Pending", "qosClass": qos_class(obj)});
+            let gated = obj
+                .pointer("/spec/schedulingGates")
+                .and_then(Value::as_array)
+                .is_some_and(|g| !g.is_empty());
+            if gated {
+                status["conditions"] = json!([{
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "SchedulingGated",
+                    "message": "Scheduling is blocked due to non-empty scheduling gates",
+                    "lastProbeTime": null,
+                    "lastTransitionTime": null,
+                }]);
+            }
+            obj["status"] = status;
+        }
+        "nodes" => {
+            if let Some(s) = obj.get_mut("status").and_then(Value::as_object_mut) {
+                s.remove("config");
+            }
+            if let Some(s) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+                s.remove("configSource");
+            }
+        }
+        "namespaces" => {
+            obj["status"] = json!({"phase": "Active"});
+            if obj.pointer("/spec/finalizers").is_none() {
+                obj["spec"] = json!({"finalizers": ["kubernetes"]});
+            }
+            let name = obj["metadata"]["name"].clone();
+            obj["metadata"]["labels"]["kubernetes.io/metadata.name"] = name;
+        }
+        "deployments" | "daemonsets" | "services" => {
+            obj["status"] = json!({});
+        }
+        _ => {}
+    }
+}
+
+/// Metadata rules of every update (`rest.BeforeUpdate`): uid, creationTimestamp,
+/// generation, deletionTimestamp and deletionGracePeriodSeconds come from the stored
+/// object unless the request sets them (and a changed one is rejected by
+/// [`validate_meta_update`]).
+pub fn carry_system_meta(new: &mut Value, old: &Value) {
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+    ] {
+        if new
+            .pointer(&format!("/metadata/{field}"))
+            .is_none_or(Value::is_null)
+            && let Some(v) = old.pointer(&format!("/metadata/{field}"))
+        {
+            new["metadata"][field] = v.clone();
+        }
+    }
+    match old.pointer("/metadata/generation") {
+        Some(g) => new["metadata"]["generation"] = g.clone(),
+        None => {
+            if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("generation");
+            }
+        }
+    }
+}
+
+/// Immutable metadata on update (`ValidateObjectMetaUpdate`).
+pub fn validate_meta_update(new: &Value, old: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    for field in [
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+    ] {
+        let p = format!("/metadata/{field}");
+        let (n, o) = (new.pointer(&p), old.pointer(&p));
+        if n.filter(|v| !v.is_null()) != o.filter(|v| !v.is_null()) {
+            causes.push(Cause::invalid(
+                &format!("metadata.{field}"),
+                n.unwrap_or(&Value::Null),
+                "field is immutable",
+            ));
+        }
+    }
+    if old.pointer("/metadata/deletionTimestamp").is_some() {
+        let fins = |v: &Value| -> Vec<String> {
+            v.pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|f| f.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let old_f = fins(old);
+        for f in fins(new) {
+            if !old_f.contains(&f) {
+                causes.push(Cause::forbidden(
+                    "metadata.finalizers",
+                    &format!("no new finalizers can be added if the object is being deleted, found new finalizers [\"{f}\"]"),
+                ));
+            }
+        }
+    }
+    causes
+}
+
+/// `PrepareForUpdate` of a main (non-status) update: the stored status is kept and the
+/// generation moves when the spec changes.
+pub fn prepare_update(res: &Resource, new: &mut Value, old: &Value) {
+    if res.has_status {
+        match old.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(o) = new.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        }
+    }
+    if res.tracks_generation && new.get("spec") != old.get("spec") {
+        let g = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        new["metadata"]["generation"] = json!(g + 1);
+    }
+    if res.plural == "nodes"
+        && let Some(s) = new.get_mut("spec").and_then(Value::as_object_mut)
+    {
+        // configSource is dropped unless the (long removed) DynamicKubeletConfig gate is on.
+        s.remove("configSource");
+    }
+}
+
+/// `PrepareForUpdate` of a status update: the stored spec is kept; for pods also no new
+/// deletionTimestamp and the stored ownerReferences. Label and annotation changes stay.
+pub fn prepare_status_update(res: &Resource, new: &mut Value, old: &Value) {
+    match old.get("spec") {
+        Some(s) => new["spec"] = s.clone(),
+        None => {
+            if let Some(o) = new.as_object_mut() {
+                o.remove("spec");
+            }
+        }
+    }
+    if res.plural == "pods" {
+        if old.pointer("/metadata/deletionTimestamp").is_none()
+            && let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut)
+        {
+            m.remove("deletionTimestamp");
+        }
+        match old.pointer("/metadata/ownerReferences") {
+            Some(o) => new["metadata"]["ownerReferences"] = o.clone(),
+            None => {
+                if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove("ownerReferences");
+                }
+            }
+        }
+    }
+    if res.plural == "nodes"
+        && let Some(s) = new.get_mut("status").and_then(Value::as_object_mut)
+    {
+        s.remove("config");
+    }
+}
+
+/// The grace period of a pod deletion (`podStrategy.CheckGracefulDelete`): the
+/// request's, else the pod's terminationGracePeriodSeconds (30 when unset); 0 for an
+/// unscheduled or finished pod; negative becomes 1.
+pub fn pod_grace_period(pod: &Value, requested: Option<i64>) -> i64 {
+    let unscheduled = str_at(pod, "/spec/nodeName").is_none_or(str::is_empty);
+    let finished = matches!(
+        str_at(pod, "/status/phase"),
+        Some("Failed") | Some("Succeeded")
+    );
+    if unscheduled || finished {
+        return 0;
+    }
+    let grace = requested.unwrap_or_else(|| {
+        pod.pointer("/spec/terminationGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(30)
+    });
+    if grace < 0 { 1 } else { grace }
+}
+
+/// What a delete request does to an object.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeleteOutcome {
+    /// Remove it now.
+    Remove,
+    /// Keep it, updated (deletionTimestamp/grace set or shortened, finalizers waiting).
+    Update(Value),
+    /// Nothing changes (a graceful deletion already pending with a shorter period).
+    Unchanged,
+}
+
+/// Decides a delete (`rest.BeforeDelete` and the store's finalizer handling).
+/// `now` is seconds since the epoch; `requested_grace` comes from DeleteOptions.
+pub fn decide_delete(
+    res: &Resource,
+    obj: &Value,
+    requested_grace: Option<i64>,
+    extra_finalizer: Option<&str>,
+    now: i64,
+) -> DeleteOutcome {
+    let grace = if res.plural == "pods" {
+        pod_grace_period(obj, requested_grace)
+    } else {
+        0
+    };
+    let mut finalizers: Vec<String> = obj
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let already = obj.pointer("/metadata/deletionTimestamp").is_some();
+    let current_grace = obj
+        .pointer("/metadata/deletionGracePeriodSeconds")
+        .and_then(Value::as_i64);
+    if let Some(f) = extra_finalizer
+        && !already
+        && !finalizers.iter().any(|x| x == f)
+    {
+        finalizers.push(f.to_string());
+    }
+    if grace == 0 && finalizers.is_empty() {
+        return DeleteOutcome::Remove;
+    }
+    // A pending graceful deletion can only be shortened.
+    if already && current_grace.is_some_and(|c| grace >= c) {
+        return DeleteOutcome::Unchanged;
+    }
+    let mut out = obj.clone();
+    out["metadata"]["deletionTimestamp"] = json!(rfc3339(now + grace));
+    out["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+    if !finalizers.is_empty() {
+        out["metadata"]["finalizers"] = json!(finalizers);
+    }
+    DeleteOutcome::Update(out)
+}
+
+/// Whether an updated object that is being deleted should now go: no finalizers left and
+/// no grace period pending (`shouldDeleteDuringUpdate`).
+pub fn should_remove_after_update(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp").is_some()
+        && obj
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+        && obj
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            == 0
+}
+
+/// RFC 3339 in UTC with second precision, as metav1.Time marshals.
+pub fn rfc3339(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0)
+        .unwrap_or_default()
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::find;
+
+    fn pods() -> &'static Resource {
+        find("", "v1", "pods").unwrap()
+    }
+
+    fn pod(node: Option<&str>) -> Value {
+        let mut p = json!({"metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
+        if let Some(n) = node {
+            p["spec"]["nodeName"] = json!(n);
+        }
+        p
+    }
+
+    #[test]
+    fn names_follow_their_rules() {
+        assert!(is_dns_subdomain("a.b-c"));
+        assert!(!is_dns_subdomain("A"));
+        assert!(!is_dns_subdomain("a..b"));
+        assert!(!is_dns_label("a.b"));
+        assert!(name_problem(NameRule::PathSegment, "system:node").is_none());
+        assert!(name_problem(NameRule::PathSegment, "a/b").is_some());
+    }
+
+    #[test]
+    fn pod_validation_lists_every_cause() {
+        let causes = validate(
+            pods(),
+            &json!({"metadata": {"name": "Bad_Name"}, "spec": {"containers": [{}]}}),
+        );
+        let fields: Vec<_> = causes.iter().map(|c| c.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "metadata.name",
+                "spec.containers[0].name",
+                "spec.containers[0].image"
+            ]
+        );
+    }
+
+    #[test]
+    fn pod_create_resets_status_and_gates() {
+        let mut p = pod(None);
+        p["status"] = json!({"phase": "Running"});
+        p["spec"]["schedulingGates"] = json!([{"name": "g"}]);
+        prepare_create(pods(), &mut p);
+        assert_eq!(p["status"]["phase"], "Pending");
+        assert_eq!(p["status"]["qosClass"], "BestEffort");
+        assert_eq!(p["status"]["conditions"][0]["reason"], "SchedulingGated");
+        assert_eq!(p["metadata"]["generation"], 1);
+    }
+
+    #[test]
+    fn qos_classes() {
+        let mut p = pod(None);
+        assert_eq!(qos_class(&p), "BestEffort");
+        p["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "1"}});
+        assert_eq!(qos_class(&p), "Burstable");
+        p["spec"]["containers"][0]["resources"] = json!({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}});
+        assert_eq!(qos_class(&p), "Guaranteed");
+    }
+
+    #[test]
+    fn status_updates_keep_spec_and_owners() {
+        let old = json!({"metadata": {"name": "p", "ownerReferences": [{"uid": "1"}]}, "spec": {"nodeName": "a"}});
+        let mut new = json!({"metadata": {"name": "p", "labels": {"x": "y"}, "deletionTimestamp": "2030-01-01T00:00:00Z"},
+            "spec": {"nodeName": "b"}, "status": {"phase": "Running"}});
+        prepare_status_update(pods(), &mut new, &old);
+        assert_eq!(new["spec"]["nodeName"], "a");
+        assert_eq!(new["metadata"]["ownerReferences"][0]["uid"], "1");
+        assert!(new["metadata"].get("deletionTimestamp").is_none());
+        assert_eq!(new["metadata"]["labels"]["x"], "y");
+    }
+
+    #[test]
+    fn main_updates_keep_status() {
+        let nodes = find("", "v1", "nodes").unwrap();
+        let old = json!({"metadata": {"name": "n"}, "status": {"addresses": [1]}});
+        let mut new = json!({"metadata": {"name": "n"}, "status": {"addresses": [2]}});
+        prepare_update(nodes, &mut new, &old);
+        assert_eq!(new["status"]["addresses"][0], 1);
+    }
+
+    #[test]
+    fn grace_periods() {
+        assert_eq!(pod_grace_period(&pod(None), Some(30)), 0);
+        assert_eq!(pod_grace_period(&pod(Some("n")), None), 30);
+        assert_eq!(pod_grace_period(&pod(Some("n")), Some(-5)), 1);
+        let mut done = pod(Some("n"));
+        done["status"] = json!({"phase": "Succeeded"});
+        assert_eq!(pod_grace_period(&done, Some(10)), 0);
+    }
+
+    #[test]
+    fn graceful_delete_only_shortens() {
+        let p = pod(Some("n"));
+        let DeleteOutcome::Update(first) = decide_delete(pods(), &p, None, None, 1000) else {
+            panic!("a scheduled pod is deleted gracefully")
+        };
+        assert_eq!(first["metadata"]["deletionGracePeriodSeconds"], 30);
+        assert_eq!(
+            decide_delete(pods(), &first, Some(60), None, 1001),
+            DeleteOutcome::Unchanged
+        );
+        let DeleteOutcome::Update(second) = decide_delete(pods(), &first, Some(5), None, 1001)
+        else {
+            panic!("a shorter grace applies")
+        };
+        assert_eq!(second["metadata"]["deletionTimestamp"], rfc3339(1006));
+        assert_eq!(
+            decide_delete(pods(), &second, Some(0), None, 1002),
+            DeleteOutcome::Remove
+        );
+    }
+
+    #[test]
+    fn finalizers_hold_objects() {
+        let cms = find("", "v1", "configmaps").unwrap();
+        let cm = json!({"metadata": {"name": "c", "finalizers": ["x"]}});
+        let DeleteOutcome::Update(held) = decide_delete(cms, &cm, None, None, 5) else {
+            panic!("finalizers hold")
+        };
+        assert!(!should_remove_after_update(&held));
+        let mut released = held.clone();
+        released["metadata"]["finalizers"] = json!([]);
+        assert!(should_remove_after_update(&released));
+    }
+}
