@@ -1,0 +1,3 @@
+//! Process-level tests of the `outpost-agent` binary.
+
+mod health;
