@@ -1,0 +1,3 @@
+//! hostnode benchmark (filled in below).
+
+fn main() {}

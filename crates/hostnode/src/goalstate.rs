@@ -1,0 +1,680 @@
+//! What a node should look like: the agent's YAML configuration ([`AgentConfig`]) resolved
+//! for one slot into a [`MachineGoalState`], whose [`NodeStart`] is what the start phases
+//! need: kubelet and containerd configuration, how the kubelet authenticates, and the
+//! LocalDNS listeners.
+//!
+//! ```yaml
+//! nodeName: worker-1
+//! kubelet:
+//!   config: {kind: KubeletConfiguration, apiVersion: kubelet.config.k8s.io/v1beta1}
+//!   extraArgs: [--node-labels=pool=edge]
+//! containerd:
+//!   config: |
+//!     version = 2
+//! auth:
+//!   bootstrapToken:
+//!     apiServer: https://10.0.0.1:6443
+//!     token: abcdef.0123456789abcdef
+//!     caFile: /etc/kubernetes/pki/ca.crt
+//! localDNS:
+//!   listeners: [169.254.20.10]
+//! slots:
+//!   blue: {kubeletUnit: kubelet-blue.service}
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The agent's configuration file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The Kubernetes node name.
+    pub node_name: String,
+    /// Kubelet settings.
+    pub kubelet: KubeletSpec,
+    /// containerd settings.
+    #[serde(default)]
+    pub containerd: ContainerdSpec,
+    /// How the kubelet authenticates to the API server.
+    pub auth: AuthMode,
+    /// The node-local DNS cache the kubelet points pods at, if any.
+    #[serde(default, rename = "localDNS")]
+    pub local_dns: Option<LocalDns>,
+    /// Per-slot overrides; the empty slot is the base configuration.
+    #[serde(default)]
+    pub slots: BTreeMap<String, SlotSpec>,
+}
+
+/// Kubelet settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeletSpec {
+    /// The systemd unit that runs the kubelet.
+    #[serde(default = "default_kubelet_unit")]
+    pub unit: String,
+    /// The KubeletConfiguration, written as YAML.
+    #[serde(default)]
+    pub config: serde_yaml::Value,
+    /// Extra command-line flags.
+    #[serde(default)]
+    pub extra_args: Vec<String>,
+}
+
+/// containerd settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContainerdSpec {
+    /// The systemd unit that runs containerd.
+    #[serde(default = "default_containerd_unit")]
+    pub unit: String,
+    /// The contents of `config.toml`, verbatim.
+    #[serde(default)]
+    pub config: String,
+}
+
+impl Default for ContainerdSpec {
+    fn default() -> Self {
+        Self {
+            unit: default_containerd_unit(),
+            config: String::new(),
+        }
+    }
+}
+
+fn default_kubelet_unit() -> String {
+    "kubelet.service".into()
+}
+
+fn default_containerd_unit() -> String {
+    "containerd.service".into()
+}
+
+/// How the kubelet authenticates. Exactly one mode; in YAML a mapping with one key
+/// (`bootstrapToken`, `kubeconfig` or `execCredential`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "AuthYaml", into = "AuthYaml")]
+pub enum AuthMode {
+    /// TLS bootstrap with a bootstrap token: the kubelet requests a client certificate
+    /// and rotates it in [`crate::KUBELET_CLIENT_PKI_DIR`].
+    BootstrapToken(BootstrapToken),
+    /// A kubeconfig given in full.
+    Kubeconfig(KubeconfigAuth),
+    /// A client-go exec credential plugin.
+    ExecCredential(ExecCredential),
+}
+
+#[derive(Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AuthYaml {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    bootstrap_token: Option<BootstrapToken>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kubeconfig: Option<KubeconfigAuth>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    exec_credential: Option<ExecCredential>,
+}
+
+impl TryFrom<AuthYaml> for AuthMode {
+    type Error = String;
+
+    fn try_from(y: AuthYaml) -> Result<Self, String> {
+        match (y.bootstrap_token, y.kubeconfig, y.exec_credential) {
+            (Some(b), None, None) => Ok(AuthMode::BootstrapToken(b)),
+            (None, Some(k), None) => Ok(AuthMode::Kubeconfig(k)),
+            (None, None, Some(e)) => Ok(AuthMode::ExecCredential(e)),
+            _ => Err("auth: set exactly one of bootstrapToken, kubeconfig, execCredential".into()),
+        }
+    }
+}
+
+impl From<AuthMode> for AuthYaml {
+    fn from(mode: AuthMode) -> Self {
+        match mode {
+            AuthMode::BootstrapToken(b) => AuthYaml {
+                bootstrap_token: Some(b),
+                ..Default::default()
+            },
+            AuthMode::Kubeconfig(k) => AuthYaml {
+                kubeconfig: Some(k),
+                ..Default::default()
+            },
+            AuthMode::ExecCredential(e) => AuthYaml {
+                exec_credential: Some(e),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl AuthMode {
+    /// `bootstrap-token`, `kubeconfig` or `exec-credential`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            AuthMode::BootstrapToken(_) => "bootstrap-token",
+            AuthMode::Kubeconfig(_) => "kubeconfig",
+            AuthMode::ExecCredential(_) => "exec-credential",
+        }
+    }
+}
+
+/// Bootstrap token authentication.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BootstrapToken {
+    /// The API server URL.
+    pub api_server: String,
+    /// `[a-z0-9]{6}.[a-z0-9]{16}`.
+    pub token: String,
+    /// The cluster CA certificate file on the host.
+    pub ca_file: PathBuf,
+}
+
+/// A kubeconfig given in full.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeconfigAuth {
+    /// The kubeconfig's contents.
+    pub content: String,
+}
+
+/// Exec credential plugin authentication.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecCredential {
+    /// The API server URL.
+    pub api_server: String,
+    /// The cluster CA certificate file on the host.
+    pub ca_file: PathBuf,
+    /// The plugin program.
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The ExecCredential API version the plugin speaks.
+    #[serde(default = "default_exec_api_version")]
+    pub api_version: String,
+}
+
+fn default_exec_api_version() -> String {
+    "client.authentication.k8s.io/v1".into()
+}
+
+/// The node-local DNS cache's listeners.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LocalDns {
+    /// The interface that carries the listener addresses.
+    #[serde(default = "default_dns_interface")]
+    pub interface: String,
+    /// The kind of link created for it (see [`InterfaceKind`]).
+    #[serde(default)]
+    pub interface_kind: InterfaceKind,
+    /// Listener addresses (link-local addresses such as 169.254.20.10 are usual).
+    pub listeners: Vec<IpAddr>,
+    /// The port the cache answers on.
+    #[serde(default = "default_dns_port")]
+    pub port: u16,
+    /// The name queried to decide the cache answers.
+    #[serde(default = "default_probe_name")]
+    pub probe_name: String,
+    /// How long a start waits for every listener to answer.
+    #[serde(default = "default_ready_timeout")]
+    pub ready_timeout_seconds: u64,
+}
+
+impl LocalDns {
+    /// Listener socket addresses.
+    pub fn listener_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, self.port))
+            .collect()
+    }
+
+    /// [`LocalDns::ready_timeout_seconds`] as a duration.
+    pub fn ready_timeout(&self) -> Duration {
+        Duration::from_secs(self.ready_timeout_seconds)
+    }
+}
+
+/// The link type for the LocalDNS interface.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InterfaceKind {
+    /// A `dummy` link: holds addresses, forwards nothing. The default.
+    #[default]
+    Dummy,
+    /// A bridge without ports. It carries addresses the same way; for kernels built
+    /// without the dummy driver.
+    Bridge,
+}
+
+impl InterfaceKind {
+    /// The `ip link add ... type <kind>` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InterfaceKind::Dummy => "dummy",
+            InterfaceKind::Bridge => "bridge",
+        }
+    }
+}
+
+fn default_dns_interface() -> String {
+    "outpost-dns".into()
+}
+
+fn default_dns_port() -> u16 {
+    53
+}
+
+fn default_probe_name() -> String {
+    "kubernetes.default.svc.cluster.local.".into()
+}
+
+fn default_ready_timeout() -> u64 {
+    60
+}
+
+/// What a slot changes from the base configuration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SlotSpec {
+    /// The slot's kubelet unit.
+    #[serde(default)]
+    pub kubelet_unit: Option<String>,
+    /// The slot's containerd unit.
+    #[serde(default)]
+    pub containerd_unit: Option<String>,
+    /// Flags added to the kubelet's.
+    #[serde(default)]
+    pub extra_args: Vec<String>,
+}
+
+/// The goal state for one machine (slot) of a node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineGoalState {
+    /// The slot it was resolved for (empty: the base).
+    pub slot: String,
+    /// What the start phases need.
+    pub node_start: NodeStart,
+}
+
+/// What starting the node stack needs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStart {
+    /// The Kubernetes node name.
+    pub node_name: String,
+    /// Kubelet unit, configuration and flags.
+    pub kubelet: KubeletSpec,
+    /// containerd unit and configuration.
+    pub containerd: ContainerdSpec,
+    /// How the kubelet authenticates.
+    pub auth: AuthMode,
+    /// LocalDNS listeners, if any.
+    pub local_dns: Option<LocalDns>,
+}
+
+impl NodeStart {
+    /// The units of the stack, in start order.
+    pub fn units(&self) -> Vec<String> {
+        vec![self.containerd.unit.clone(), self.kubelet.unit.clone()]
+    }
+}
+
+/// A configuration or goal state that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GoalStateError {
+    /// The configuration file could not be read.
+    #[error("cannot read agent configuration {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration is not valid YAML of the expected shape.
+    #[error("agent configuration {}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (it names the field and position).
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// A field has a value that cannot work.
+    #[error("agent configuration: {field}: {reason}")]
+    Invalid {
+        /// The field, as written in YAML.
+        field: String,
+        /// What is wrong and what to write instead.
+        reason: String,
+    },
+    /// The slot is not configured.
+    #[error("no slot {slot:?} in the agent configuration (configured: {known})")]
+    UnknownSlot {
+        /// The slot asked for.
+        slot: String,
+        /// The configured slots.
+        known: String,
+    },
+}
+
+impl AgentConfig {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, GoalStateError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GoalStateError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates configuration text; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, GoalStateError> {
+        let config: AgentConfig =
+            serde_yaml::from_str(text).map_err(|source| GoalStateError::Parse {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), GoalStateError> {
+        let invalid = |field: &str, reason: &str| {
+            Err(GoalStateError::Invalid {
+                field: field.into(),
+                reason: reason.into(),
+            })
+        };
+        if self.node_name.is_empty() {
+            return invalid("nodeName", "must not be empty");
+        }
+        if !self.kubelet.config.is_null() && !self.kubelet.config.is_mapping() {
+            return invalid(
+                "kubelet.config",
+                "must be a mapping (a KubeletConfiguration)",
+            );
+        }
+        let slot_args = self.slots.values().flat_map(|s| s.extra_args.iter());
+        if let Some(arg) = self.kubelet.extra_args.iter().chain(slot_args).find(|a| {
+            a.is_empty()
+                || a.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\' || c == '%')
+        }) {
+            // The flags end up in a systemd Environment= line, which would split or
+            // reinterpret them.
+            return invalid(
+                "kubelet.extraArgs",
+                &format!(
+                    "{arg:?}: flags must be non-empty without spaces, quotes, backslashes or '%'"
+                ),
+            );
+        }
+        match &self.auth {
+            AuthMode::BootstrapToken(b) => {
+                if !valid_token(&b.token) {
+                    return invalid(
+                        "auth.bootstrapToken.token",
+                        "must match [a-z0-9]{6}.[a-z0-9]{16} (create one with `kubeadm token create`)",
+                    );
+                }
+                if b.api_server.is_empty() {
+                    return invalid("auth.bootstrapToken.apiServer", "must not be empty");
+                }
+            }
+            AuthMode::Kubeconfig(k) => {
+                if k.content.trim().is_empty() {
+                    return invalid("auth.kubeconfig.content", "must not be empty");
+                }
+            }
+            AuthMode::ExecCredential(e) => {
+                if e.command.is_empty() {
+                    return invalid("auth.execCredential.command", "must not be empty");
+                }
+            }
+        }
+        if let Some(dns) = &self.local_dns {
+            if dns.listeners.is_empty() {
+                return invalid(
+                    "localDNS.listeners",
+                    "list at least one address, or drop localDNS",
+                );
+            }
+            // IFNAMSIZ is 16 including the terminating NUL.
+            if dns.interface.is_empty()
+                || dns.interface.len() > 15
+                || dns.interface.contains(['/', ' '])
+            {
+                return invalid(
+                    "localDNS.interface",
+                    "must be 1-15 characters, no '/' or spaces",
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+fn valid_token(token: &str) -> bool {
+    let ok = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    matches!(token.split_once('.'), Some((id, secret)) if ok(id, 6) && ok(secret, 16))
+}
+
+/// Resolves the goal state of `slot` from a configuration. Pure.
+pub fn resolve_machine(
+    config: &AgentConfig,
+    slot: &str,
+) -> Result<MachineGoalState, GoalStateError> {
+    let mut kubelet = config.kubelet.clone();
+    let mut containerd = config.containerd.clone();
+    if !slot.is_empty() {
+        let Some(spec) = config.slots.get(slot) else {
+            return Err(GoalStateError::UnknownSlot {
+                slot: slot.into(),
+                known: if config.slots.is_empty() {
+                    "none".into()
+                } else {
+                    config.slots.keys().cloned().collect::<Vec<_>>().join(", ")
+                },
+            });
+        };
+        if let Some(unit) = &spec.kubelet_unit {
+            kubelet.unit = unit.clone();
+        }
+        if let Some(unit) = &spec.containerd_unit {
+            containerd.unit = unit.clone();
+        }
+        kubelet.extra_args.extend(spec.extra_args.iter().cloned());
+    }
+    Ok(MachineGoalState {
+        slot: slot.into(),
+        node_start: NodeStart {
+            node_name: config.node_name.clone(),
+            kubelet,
+            containerd,
+            auth: config.auth.clone(),
+            local_dns: config.local_dns.clone(),
+        },
+    })
+}
+
+/// A replacement for [`resolve_machine`].
+pub type ResolveFn = Arc<dyn Fn(&str) -> Result<MachineGoalState, GoalStateError> + Send + Sync>;
+
+/// Resolves the goal state a node is built from.
+#[derive(Clone)]
+pub struct GoalStateSource {
+    /// The configuration goal states are resolved from.
+    pub config: AgentConfig,
+    /// When set, returned instead of resolving one: a caller that has already resolved
+    /// the goal state (and done the discovery that needs) passes it so it happens once.
+    pub goal_state: Option<MachineGoalState>,
+    /// Overrides resolution (tests); the default is [`resolve_machine`].
+    pub resolve: Option<ResolveFn>,
+}
+
+impl GoalStateSource {
+    /// A source that resolves from `config`.
+    pub fn new(config: AgentConfig) -> Self {
+        Self {
+            config,
+            goal_state: None,
+            resolve: None,
+        }
+    }
+
+    /// The goal state for `slot`: the pre-resolved one, else the override, else
+    /// [`resolve_machine`].
+    pub fn for_slot(&self, slot: &str) -> Result<MachineGoalState, GoalStateError> {
+        if let Some(goal) = &self.goal_state {
+            return Ok(goal.clone());
+        }
+        if let Some(resolve) = &self.resolve {
+            return resolve(slot);
+        }
+        resolve_machine(&self.config, slot)
+    }
+}
+
+impl std::fmt::Debug for GoalStateSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GoalStateSource")
+            .field("config", &self.config)
+            .field("goal_state", &self.goal_state)
+            .field("resolve", &self.resolve.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) const CONFIG: &str = r#"
+nodeName: worker-1
+kubelet:
+  config:
+    kind: KubeletConfiguration
+    apiVersion: kubelet.config.k8s.io/v1beta1
+    clusterDNS: [169.254.20.10]
+  extraArgs: [--node-labels=pool=edge]
+containerd:
+  config: |
+    version = 2
+auth:
+  bootstrapToken:
+    apiServer: https://10.0.0.1:6443
+    token: abcdef.0123456789abcdef
+    caFile: /etc/kubernetes/pki/ca.crt
+localDNS:
+  listeners: [169.254.20.10]
+slots:
+  blue:
+    kubeletUnit: kubelet-blue.service
+    extraArgs: [--v=2]
+"#;
+
+    pub(crate) fn config() -> AgentConfig {
+        AgentConfig::parse(CONFIG, Path::new("agent.yaml")).unwrap()
+    }
+
+    #[test]
+    fn loads_with_defaults() {
+        let c = config();
+        assert_eq!(c.kubelet.unit, "kubelet.service");
+        assert_eq!(c.containerd.unit, "containerd.service");
+        let dns = c.local_dns.as_ref().unwrap();
+        assert_eq!(dns.interface, "outpost-dns");
+        assert_eq!(dns.interface_kind, InterfaceKind::Dummy);
+        assert_eq!(dns.listener_addrs(), ["169.254.20.10:53".parse().unwrap()]);
+        assert_eq!(c.auth.name(), "bootstrap-token");
+    }
+
+    #[test]
+    fn slot_overrides_apply() {
+        let goal = resolve_machine(&config(), "blue").unwrap();
+        assert_eq!(goal.node_start.kubelet.unit, "kubelet-blue.service");
+        assert_eq!(
+            goal.node_start.kubelet.extra_args,
+            ["--node-labels=pool=edge", "--v=2"]
+        );
+        let err = resolve_machine(&config(), "green").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no slot \"green\" in the agent configuration (configured: blue)"
+        );
+    }
+
+    #[test]
+    fn source_prefers_pre_resolved_then_override() {
+        let mut source = GoalStateSource::new(config());
+        assert_eq!(
+            source.for_slot("").unwrap().node_start.kubelet.unit,
+            "kubelet.service"
+        );
+        source.resolve = Some(Arc::new(|slot| {
+            let mut g = resolve_machine(&config(), "")?;
+            g.slot = format!("resolved-{slot}");
+            Ok(g)
+        }));
+        assert_eq!(source.for_slot("x").unwrap().slot, "resolved-x");
+        let mut pre = resolve_machine(&config(), "").unwrap();
+        pre.slot = "pre".into();
+        source.goal_state = Some(pre);
+        assert_eq!(source.for_slot("x").unwrap().slot, "pre");
+    }
+
+    #[test]
+    fn bad_input_names_the_field() {
+        let bad_token = CONFIG.replace("abcdef.0123456789abcdef", "ABC.def");
+        let err = AgentConfig::parse(&bad_token, Path::new("a.yaml")).unwrap_err();
+        assert!(
+            err.to_string().contains("auth.bootstrapToken.token"),
+            "{err}"
+        );
+
+        let unknown = CONFIG.replace("nodeName:", "nodeNme:");
+        let err = AgentConfig::parse(&unknown, Path::new("a.yaml")).unwrap_err();
+        assert!(
+            err.to_string().contains("a.yaml") && err.to_string().contains("nodeNme"),
+            "{err}"
+        );
+
+        let no_listeners = CONFIG.replace("listeners: [169.254.20.10]", "listeners: []");
+        let err = AgentConfig::parse(&no_listeners, Path::new("a.yaml")).unwrap_err();
+        assert!(err.to_string().contains("localDNS.listeners"), "{err}");
+    }
+
+    #[test]
+    fn other_auth_modes_parse() {
+        let kc = CONFIG.replace(
+            "  bootstrapToken:\n    apiServer: https://10.0.0.1:6443\n    token: abcdef.0123456789abcdef\n    caFile: /etc/kubernetes/pki/ca.crt\n",
+            "  kubeconfig:\n    content: \"apiVersion: v1\\nkind: Config\\n\"\n",
+        );
+        assert_eq!(
+            AgentConfig::parse(&kc, Path::new("a")).unwrap().auth.name(),
+            "kubeconfig"
+        );
+        let ex = CONFIG.replace(
+            "  bootstrapToken:\n    apiServer: https://10.0.0.1:6443\n    token: abcdef.0123456789abcdef\n",
+            "  execCredential:\n    apiServer: https://10.0.0.1:6443\n    command: /usr/bin/cred\n",
+        );
+        assert_eq!(
+            AgentConfig::parse(&ex, Path::new("a")).unwrap().auth.name(),
+            "exec-credential"
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! Forgetting what a stopped stack left: its kubelet client identity and its CNI state.
+
+use std::path::PathBuf;
+
+use crate::HostRoot;
+use crate::configure::KUBELET_KUBECONFIG;
+use crate::fsutil::{FsError, fs_err};
+use crate::goalstate::{AuthMode, NodeStart};
+use crate::mountinfo::{self, MountInfoError};
+use crate::remove;
+
+/// A reset step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResetError {
+    /// A file operation failed.
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// The mount table could not be read, so nothing below it was removed.
+    #[error(transparent)]
+    MountTable(#[from] MountInfoError),
+    /// A mount is still in the way.
+    #[error("{} is still mounted; unmount it (outpost-agent node reset unmounts pod volumes) and retry", path.display())]
+    StillMounted {
+        /// The mount point.
+        path: PathBuf,
+    },
+}
+
+/// Removes the kubelet's rotated client credentials when the node authenticates with a
+/// bootstrap token, so that the next start bootstraps a new identity (a repaved node may
+/// come back under a new Node object). Direct kubeconfig and exec-credential modes are
+/// rewritten by the configure step instead, so nothing is removed for them. Returns the
+/// paths removed.
+pub fn reset_kubelet_identity(root: &HostRoot, ns: &NodeStart) -> Result<Vec<PathBuf>, ResetError> {
+    let mut removed = Vec::new();
+    if !matches!(ns.auth, AuthMode::BootstrapToken(_)) {
+        return Ok(removed);
+    }
+    let pki = root.kubelet_client_pki_dir();
+    match std::fs::read_dir(&pki) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry.map_err(fs_err("read directory", &pki))?;
+                let name = entry.file_name();
+                // Only the rotated client pairs: the serving certificate (kubelet.crt/key)
+                // is not an identity the API server tracks.
+                if name.to_string_lossy().starts_with("kubelet-client-") {
+                    let path = entry.path();
+                    std::fs::remove_file(&path).map_err(fs_err("remove", &path))?;
+                    removed.push(path);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fs_err("read directory", &pki)(e).into()),
+    }
+    // The kubeconfig the kubelet wrote after bootstrapping points at those certificates;
+    // left behind, it would be used instead of bootstrapping again.
+    let kubeconfig = root.resolve(KUBELET_KUBECONFIG);
+    if crate::fsutil::remove_file_synced(&kubeconfig)? {
+        removed.push(kubeconfig);
+    }
+    Ok(removed)
+}
+
+/// Removes the CNI network configuration and the CNI state a stopped stack left below
+/// `root`. The configuration directory stays, empty.
+///
+/// A repaved node can be given another pod CIDR. A configuration left in place makes
+/// containerd report the network ready at once and start pods with addresses from the old
+/// range until the CNI's own pod rewrites it; host-local IPAM keeps reservations for pods
+/// that are gone. Add-on files go too: their DaemonSet pods write them again on start.
+/// `mount_info` is the mount table consulted so nothing is deleted through a mount.
+pub fn reset_cni_state(
+    root: &HostRoot,
+    mount_info: Option<&std::path::Path>,
+) -> Result<(), ResetError> {
+    let table = mountinfo::read(mount_info)?;
+    for dir in [root.cni_config_dir(), root.cni_state_dir()] {
+        let report = if dir == root.cni_config_dir() {
+            remove::remove_contents(&dir, &table)?
+        } else {
+            remove::remove_tree(&dir, &table)?
+        };
+        if let Some(path) = report.kept.into_iter().next() {
+            return Err(ResetError::StillMounted { path });
+        }
+    }
+    Ok(())
+}
+
+/// What [`clear_kubelet_dir`] did.
+#[derive(Debug, Default)]
+pub struct ClearReport {
+    /// Mounts below the kubelet directory that could not be unmounted.
+    pub unmount_failures: Option<crate::unmount::PrefixError>,
+    /// What the removal did; mounts still in place are in `kept`.
+    pub removed: remove::RemoveReport,
+}
+
+/// Unmounts everything at or below the kubelet directory (deepest first, lazily), reads
+/// the mount table again, and removes the directory's contents that are no longer
+/// mounted, on one filesystem. Mounts that stayed are reported and left alone with their
+/// contents: nothing is deleted through a mount.
+pub async fn clear_kubelet_dir(
+    root: &HostRoot,
+    mounter: &dyn crate::unmount::Mounter,
+    mount_info: Option<&std::path::Path>,
+) -> Result<ClearReport, ResetError> {
+    let dir = root.kubelet_dir();
+    let mut failed =
+        crate::unmount::unmount_below_by_prefix(mounter, mount_info, std::slice::from_ref(&dir))
+            .await?;
+    let unmount_failures = failed.remove(&dir);
+    if let Some(err) = &unmount_failures {
+        tracing::warn!(error = %err, "some pod volumes stay mounted; their contents are kept");
+    }
+    // Re-read: the table before the unmounts is stale, and only the current one says
+    // what is safe to remove.
+    let table = mountinfo::read(mount_info)?;
+    let removed = remove::remove_contents(&dir, &table)?;
+    Ok(ClearReport {
+        unmount_failures,
+        removed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::goalstate::{KubeconfigAuth, resolve_machine, tests::config};
+
+    #[test]
+    fn identity_reset_only_for_bootstrap_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = HostRoot::new(dir.path());
+        let pki = root.kubelet_client_pki_dir();
+        std::fs::create_dir_all(&pki).unwrap();
+        for f in [
+            "kubelet-client-current.pem",
+            "kubelet-client-2026-01-01.pem",
+            "kubelet.crt",
+        ] {
+            std::fs::write(pki.join(f), f).unwrap();
+        }
+        std::fs::create_dir_all(root.resolve("/etc/kubernetes")).unwrap();
+        std::fs::write(root.resolve(KUBELET_KUBECONFIG), "x").unwrap();
+
+        let mut ns = resolve_machine(&config(), "").unwrap().node_start;
+        let direct = NodeStart {
+            auth: AuthMode::Kubeconfig(KubeconfigAuth {
+                content: "x".into(),
+            }),
+            ..ns.clone()
+        };
+        assert!(reset_kubelet_identity(&root, &direct).unwrap().is_empty());
+        assert!(pki.join("kubelet-client-current.pem").exists());
+
+        let removed = reset_kubelet_identity(&root, &ns).unwrap();
+        assert_eq!(removed.len(), 3);
+        assert!(!pki.join("kubelet-client-current.pem").exists());
+        assert!(pki.join("kubelet.crt").exists());
+        assert!(!root.resolve(KUBELET_KUBECONFIG).exists());
+        // Idempotent.
+        ns.node_name = "again".into();
+        assert!(reset_kubelet_identity(&root, &ns).unwrap().is_empty());
+    }
+}

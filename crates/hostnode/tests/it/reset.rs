@@ -1,0 +1,34 @@
+//! Resetting CNI state on a real tree.
+
+use hostnode::HostRoot;
+
+#[test]
+fn cni_reset_empties_the_config_dir_and_removes_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = HostRoot::new(tmp.path());
+    let conf = root.cni_config_dir();
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(conf.join("10-flannel.conflist"), b"{}").unwrap();
+    // An add-on's file: it goes too (its DaemonSet writes it again).
+    std::fs::write(conf.join("00-multus.conf"), b"{}").unwrap();
+    std::fs::create_dir_all(conf.join("multus.d")).unwrap();
+    std::fs::write(conf.join("multus.d/kubeconfig"), b"x").unwrap();
+    let state = root.cni_state_dir();
+    std::fs::create_dir_all(state.join("networks/cbr0")).unwrap();
+    std::fs::write(state.join("networks/cbr0/10.244.1.7"), b"container-id").unwrap();
+    // Outside the tree: must survive even though a symlink points at it.
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("keep"), b"k").unwrap();
+    std::os::unix::fs::symlink(&outside, state.join("networks/link")).unwrap();
+
+    hostnode::reset_cni_state(&root, None).unwrap();
+
+    assert!(conf.is_dir());
+    assert_eq!(std::fs::read_dir(&conf).unwrap().count(), 0);
+    assert!(!state.exists());
+    assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"k");
+    // Idempotent: a second reset finds nothing to do.
+    hostnode::reset_cni_state(&root, None).unwrap();
+    assert!(conf.is_dir());
+}
