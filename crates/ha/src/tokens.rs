@@ -19,7 +19,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use rand::Rng as _;
 
 /// Namespace of every bootstrap token Secret.
@@ -337,6 +337,28 @@ pub async fn create_token(
                 });
             }
         }
+    }
+}
+
+/// Deletes a token this process minted, by UID, so a same-named token minted meanwhile by
+/// someone else is never removed. Already gone is success.
+pub async fn delete_token(client: &kube::Client, minted: &MintedToken) -> Result<(), TokenError> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), TOKEN_NAMESPACE);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(minted.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&minted.token.secret_name(), &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(source) => Err(TokenError::Api {
+            name: minted.token.secret_name(),
+            action: "delete",
+            source: Box::new(source),
+        }),
     }
 }
 
