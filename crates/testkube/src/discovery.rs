@@ -145,3 +145,79 @@ mod tests {
         assert!(group("apps").is_some());
     }
 }
+
+fn gv_path(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
+}
+
+/// `/openapi/v3`: the index of group-version documents.
+pub fn openapi_v3_root() -> Value {
+    let mut paths = serde_json::Map::new();
+    let mut gvs: Vec<(&str, &str)> = Vec::new();
+    for r in RESOURCES {
+        if !gvs.contains(&(r.group, r.version)) {
+            gvs.push((r.group, r.version));
+        }
+    }
+    for (g, v) in gvs {
+        let p = gv_path(g, v);
+        paths.insert(
+            p.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash=testkube")}),
+        );
+    }
+    json!({ "paths": paths })
+}
+
+/// `/openapi/v3/<gv>`: a document without schemas whose write operations declare the
+/// `fieldValidation` parameter. kubectl reads it to learn that the server validates
+/// fields itself, and then skips its client-side schema validation (for which it would
+/// need the full schemas this double does not carry).
+pub fn openapi_v3_gv(group: &str, version: &str) -> Option<Value> {
+    let members: Vec<&Resource> = RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .collect();
+    if members.is_empty() {
+        return None;
+    }
+    let base = format!("/{}", gv_path(group, version));
+    let mut paths = serde_json::Map::new();
+    for r in members {
+        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let op = |action: &str| {
+            json!({
+                "x-kubernetes-group-version-kind": gvk,
+                "x-kubernetes-action": action,
+                "parameters": [
+                    {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                    {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                    {"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+                ],
+                "responses": {"200": {"description": "OK"}},
+            })
+        };
+        let collection = if r.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}", r.plural)
+        } else {
+            format!("{base}/{}", r.plural)
+        };
+        paths.insert(collection.clone(), json!({"post": op("post")}));
+        if !r.create_only {
+            paths.insert(
+                format!("{collection}/{{name}}"),
+                json!({"put": op("put"), "patch": op("patch")}),
+            );
+        }
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": format!("v1.{MINOR}.0-testkube")},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }))
+}

@@ -539,6 +539,9 @@ enum Route {
         legacy_watch: bool,
     },
     Healthz,
+    OpenApiV3Root,
+    OpenApiV3(String, String),
+    OpenApiV2,
     OpenApi,
     NotFound,
 }
@@ -548,6 +551,10 @@ fn route(path: &str) -> Route {
     let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
         ["version"] => return Route::Version,
         ["healthz" | "livez" | "readyz", ..] => return Route::Healthz,
+        ["openapi", "v3"] => return Route::OpenApiV3Root,
+        ["openapi", "v3", "api", v] => return Route::OpenApiV3(String::new(), v.to_string()),
+        ["openapi", "v3", "apis", g, v] => return Route::OpenApiV3(g.to_string(), v.to_string()),
+        ["openapi", "v2"] => return Route::OpenApiV2,
         ["openapi", ..] => return Route::OpenApi,
         ["api"] => return Route::CoreVersions,
         ["apis"] => return Route::Groups,
@@ -598,6 +605,28 @@ fn json_ok(v: &Value) -> Response<Body> {
         .header(header::CONTENT_TYPE, "application/json")
         .body(full(v.to_string()))
         .expect("static response parts are valid")
+}
+
+/// `/openapi/v2` without definitions. kubectl 1.27 asks for it (as protobuf) to decide on
+/// validation; with no schema for a kind it skips client-side validation, which is what
+/// an empty document (the empty protobuf message) gives it.
+fn openapi_v2(accept: &str) -> Response<Body> {
+    if accept.contains("protobuf") {
+        return Response::builder()
+            .status(200)
+            .header(
+                header::CONTENT_TYPE,
+                "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+            )
+            .body(full(Vec::new()))
+            .expect("static response parts are valid");
+    }
+    json_ok(&serde_json::json!({
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": format!("v1.{}.0-testkube", discovery::MINOR)},
+        "paths": {},
+        "definitions": {},
+    }))
 }
 
 fn parse_query(q: &str) -> HashMap<String, String> {
@@ -691,6 +720,12 @@ async fn handle(
         (None, None) => None,
     };
     let route = route(&path);
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     if let Route::Resource {
         res, ns, name, sub, ..
     } = &route
@@ -787,6 +822,12 @@ async fn handle(
                         json_ok(&discovery::core_versions(&addr))
                     }
                     Route::Groups => json_ok(&discovery::group_list()),
+                    Route::OpenApiV2 => openapi_v2(&accept),
+                    Route::OpenApiV3Root => json_ok(&discovery::openapi_v3_root()),
+                    Route::OpenApiV3(g, v) => match discovery::openapi_v3_gv(&g, &v) {
+                        Some(d) => json_ok(&d),
+                        None => ApiError::no_route(&path).into_response(),
+                    },
                     Route::Group(g) => match discovery::group(&g) {
                         Some(v) => json_ok(&v),
                         None => ApiError::no_route(&path).into_response(),
@@ -795,8 +836,7 @@ async fn handle(
                         Some(l) => json_ok(&l),
                         None => ApiError::no_route(&path).into_response(),
                     },
-                    // No OpenAPI documents: kubectl then skips client-side schema
-                    // validation (it treats a missing document as "no schema").
+                    // No OpenAPI v2 (kubectl fetches it as protobuf); v3 above suffices.
                     Route::OpenApi | Route::NotFound | Route::Resource { .. } => {
                         ApiError::no_route(&path).into_response()
                     }

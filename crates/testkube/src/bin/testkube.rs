@@ -1,0 +1,88 @@
+//! `testkube serve`: the API double as a process, for the local sandbox and for manual
+//! use with kubectl. Never a production control plane.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "testkube",
+    about = "A Kubernetes API double for tests and the sandbox"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve HTTPS until Ctrl-C and write a kubeconfig kubectl can use.
+    Serve {
+        /// Address to listen on (a loopback address keeps it private).
+        #[arg(long, default_value = "127.0.0.1:6443")]
+        listen: SocketAddr,
+        /// Where to write the kubeconfig (it holds an admin client key: mode 0600).
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// Reject callers without known credentials with 401.
+        #[arg(long)]
+        strict_auth: bool,
+        /// Let the kubelet proxy dial node addresses outside loopback.
+        #[arg(long)]
+        allow_non_loopback_kubelets: bool,
+        /// Kubelet address-type order for the proxy, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        kubelet_preferred_address_types: Vec<String>,
+        /// Seconds between watch BOOKMARK events.
+        #[arg(long, default_value_t = 60)]
+        bookmark_interval_secs: u64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match Cli::parse().command {
+        Command::Serve {
+            listen,
+            kubeconfig,
+            strict_auth,
+            allow_non_loopback_kubelets,
+            kubelet_preferred_address_types,
+            bookmark_interval_secs,
+        } => {
+            let mut b = testkube::ApiServer::builder()
+                .listen(listen)
+                .kubeconfig_path(&kubeconfig)
+                .allow_non_loopback_kubelets(allow_non_loopback_kubelets)
+                .bookmark_interval(Duration::from_secs(bookmark_interval_secs.max(1)));
+            if strict_auth {
+                b = b.strict_auth();
+            }
+            if !kubelet_preferred_address_types.is_empty() {
+                b = b.preferred_address_types(kubelet_preferred_address_types);
+            }
+            let server = match b.start().await {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("testkube: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            println!(
+                "testkube serving {} (kubeconfig {}); Ctrl-C stops it",
+                server.url(),
+                kubeconfig.display()
+            );
+            if let Err(e) = tokio::signal::ctrl_c().await {
+                eprintln!("testkube: waiting for Ctrl-C: {e}");
+            }
+            server.shutdown().await;
+            ExitCode::SUCCESS
+        }
+    }
+}
