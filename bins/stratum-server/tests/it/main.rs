@@ -1,0 +1,3 @@
+//! Tests that run the stratum-server binary as a process.
+
+mod token;

@@ -1,0 +1,223 @@
+//! `stratum-server token create`, run as a process against the API double.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use anyhow::Context as _;
+use ha::grants::{self, BoxError, CertKey};
+use ha::tokens::{self, BootstrapToken};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams};
+use testkube::ApiServer;
+
+async fn stratum_server(args: &[&str]) -> anyhow::Result<Output> {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_stratum-server"))
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .context("cannot run stratum-server")?;
+    Ok(output)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The API double's kubeconfig with its user replaced by a bearer token.
+fn bootstrap_kubeconfig(
+    server: &ApiServer,
+    dir: &Path,
+    token: &BootstrapToken,
+) -> anyhow::Result<PathBuf> {
+    let mut config: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(server.kubeconfig_path())?)?;
+    for user in config["users"]
+        .as_sequence_mut()
+        .context("kubeconfig without users")?
+    {
+        let mut auth = serde_yaml::Mapping::new();
+        auth.insert("token".into(), token.to_string().into());
+        user["user"] = serde_yaml::Value::Mapping(auth);
+    }
+    let path = dir.join("bootstrap.conf");
+    std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+    Ok(path)
+}
+
+async fn token_secrets(client: &kube::Client) -> anyhow::Result<Vec<Secret>> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), tokens::TOKEN_NAMESPACE);
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|s| s.type_.as_deref() == Some(tokens::TOKEN_SECRET_TYPE))
+        .collect())
+}
+
+#[tokio::test]
+async fn control_plane_token_prints_a_pinned_join_and_a_key_that_opens_its_grant()
+-> anyhow::Result<()> {
+    let server = ApiServer::start().await?;
+    let client = server.client();
+    let pki_dir = tempfile::tempdir()?;
+    pki::generate_shared(pki_dir.path(), false)?;
+    let kubeconfig = server
+        .kubeconfig_path()
+        .to_str()
+        .context("path")?
+        .to_string();
+    let pki_arg = pki_dir.path().to_str().context("path")?.to_string();
+
+    let out = stratum_server(&[
+        "token",
+        "create",
+        "--control-plane",
+        "--ttl",
+        "1h",
+        "--kubeconfig",
+        &kubeconfig,
+        "--pki-dir",
+        &pki_arg,
+        "--vip",
+        "10.0.0.100",
+        "-o",
+        "json",
+    ])
+    .await?;
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("stdout is not JSON: {}", text(&out.stdout)))?;
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("WARNING") && stderr.contains("certificate-key"),
+        "{stderr}"
+    );
+
+    let pin = pki::ca_cert_hash(&std::fs::read(pki_dir.path().join("ca.crt"))?)?;
+    assert_eq!(json["caCertHash"], pin.as_str());
+    let token = BootstrapToken::parse(json["token"].as_str().context("token")?)?;
+    let key_hex = json["certificateKey"].as_str().context("certificateKey")?;
+    let server_addr = format!("127.0.0.1:{}", server.addr().port());
+    assert_eq!(json["server"], server_addr.as_str());
+    let join = json["joinCommand"].as_str().context("joinCommand")?;
+    for part in [
+        format!("--server {server_addr}"),
+        format!("--token {token}"),
+        format!("--discovery-token-ca-cert-hash {pin}"),
+        format!("--certificate-key {key_hex}"),
+    ] {
+        assert!(join.contains(&part), "{join} lacks {part}");
+    }
+    assert!(pin.starts_with("sha256:") && pin.len() == 7 + 64, "{pin}");
+
+    // The token Secret carries the control-plane group.
+    let secrets = token_secrets(&client).await?;
+    assert_eq!(secrets.len(), 1);
+    let groups = &secrets[0].data.as_ref().context("data")?["auth-extra-groups"].0;
+    assert!(String::from_utf8_lossy(groups).contains(tokens::CONTROL_PLANE_GROUP));
+
+    // The printed key opens the grant this token reads.
+    let scratch = tempfile::tempdir()?;
+    let bootstrap = bootstrap_kubeconfig(&server, scratch.path(), &token)?;
+    let target = tempfile::tempdir()?;
+    let key = CertKey::from_hex(key_hex)?;
+    let profile = grants::download_certs(&bootstrap, target.path(), &key, |p| {
+        if p.vip.as_deref() == Some("10.0.0.100") {
+            Ok(())
+        } else {
+            Err::<(), BoxError>(format!("unexpected VIP {:?}", p.vip).into())
+        }
+    })
+    .await?;
+    assert_eq!(profile.entry, grants::grant_entry_name(token.id()));
+    assert_eq!(
+        grants::read_bundle_files(target.path())?,
+        grants::read_bundle_files(pki_dir.path())?
+    );
+    server.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn worker_token_prints_a_pinned_join_without_a_grant() -> anyhow::Result<()> {
+    let server = ApiServer::start().await?;
+    let client = server.client();
+    let pki_dir = tempfile::tempdir()?;
+    pki::generate_shared(pki_dir.path(), false)?;
+    let kubeconfig = server
+        .kubeconfig_path()
+        .to_str()
+        .context("path")?
+        .to_string();
+    let pki_arg = pki_dir.path().to_str().context("path")?.to_string();
+
+    let out = stratum_server(&[
+        "token",
+        "create",
+        "--kubeconfig",
+        &kubeconfig,
+        "--pki-dir",
+        &pki_arg,
+        "--server",
+        "cp.example:6443",
+    ])
+    .await?;
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let pin = pki::ca_cert_hash(&std::fs::read(pki_dir.path().join("ca.crt"))?)?;
+    assert!(
+        stdout.contains(&format!("--discovery-token-ca-cert-hash {pin}")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("--server cp.example:6443"), "{stdout}");
+    assert!(!stdout.contains("certificate-key"), "{stdout}");
+    assert!(!text(&out.stderr).contains("WARNING"));
+    let secrets = token_secrets(&client).await?;
+    assert_eq!(secrets.len(), 1);
+    let groups = &secrets[0].data.as_ref().context("data")?["auth-extra-groups"].0;
+    assert_eq!(groups.as_slice(), tokens::WORKER_GROUP.as_bytes());
+    let api: Api<Secret> = Api::namespaced(client.clone(), grants::NAMESPACE);
+    assert!(api.get_opt(grants::SECRET_NAME).await?.is_none());
+
+    // A pki dir without the CA is refused before anything is minted.
+    let empty = tempfile::tempdir()?;
+    let out = stratum_server(&[
+        "token",
+        "create",
+        "--control-plane",
+        "--kubeconfig",
+        &kubeconfig,
+        "--pki-dir",
+        empty.path().to_str().context("path")?,
+    ])
+    .await?;
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("ca.crt"), "{stderr}");
+    assert_eq!(token_secrets(&client).await?.len(), 1);
+
+    // A bad TTL is refused with the units it accepts.
+    let out = stratum_server(&[
+        "token",
+        "create",
+        "--ttl",
+        "2days",
+        "--kubeconfig",
+        &kubeconfig,
+        "--pki-dir",
+        &pki_arg,
+    ])
+    .await?;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("units are h, m and s"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(token_secrets(&client).await?.len(), 1);
+    server.shutdown().await;
+    Ok(())
+}
