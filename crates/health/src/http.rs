@@ -2,9 +2,7 @@
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{
-    ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HeaderValue, X_CONTENT_TYPE_OPTIONS,
-};
+use hyper::header::{ALLOW, CONNECTION, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Response, StatusCode};
 
 // The kubelet ignores probe bodies; a person running curl is the only reader. Constants,
@@ -56,14 +54,10 @@ pub(crate) fn respond(probe: &Probe<'_>, ready: bool) -> Response<Full<Bytes>> {
 fn plain(status: StatusCode, body: &'static [u8]) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from_static(body)));
     *resp.status_mut() = status;
-    let headers = resp.headers_mut();
-    headers.insert(
+    resp.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    // A cached readiness answer would be a lie by the next probe.
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
 

@@ -39,8 +39,6 @@ pub const DATA_PLANE_CHECK_PERIOD: Duration = Duration::from_secs(10);
 /// hyper's smallest allowed read buffer; it also caps the request line plus headers. A
 /// probe's request is a few hundred bytes.
 const MAX_HEAD_BYTES: usize = 8192;
-/// Kubelet probes send four or five headers.
-const MAX_HEADERS: usize = 32;
 
 /// Timing and capacity knobs of the listener. The defaults are what production uses; tests
 /// shrink them.
@@ -191,7 +189,6 @@ impl Server {
             .timer(TokioTimer::new())
             .header_read_timeout(tuning.header_read_timeout)
             .max_buf_size(MAX_HEAD_BYTES)
-            .max_headers(MAX_HEADERS)
             .keep_alive(true);
         let service = Probes {
             inner: self.inner.clone(),
