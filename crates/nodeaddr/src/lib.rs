@@ -37,7 +37,7 @@
 //!
 //! [`Reconciler::diagnostics`] reports per node what is expected and observed, and flags
 //! port collisions: with 10,000 slots two of n names share a port with probability
-//! `1 - prod(1 - i/10000, i < n)`, about 10% at 46 nodes and 50% at 118.
+//! `1 - prod(1 - i/10000, i < n)`, about 10% at 47 nodes and 50% at 118.
 //! [`last_status`] is the process-wide liveness snapshot of [`Reconciler::run`].
 //!
 //! Operations: `docs/nodeaddr.md`.
