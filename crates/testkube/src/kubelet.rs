@@ -120,6 +120,7 @@ impl StubKubeletBuilder {
             only_configured: self.only_configured,
             follow_interval: self.follow_interval.unwrap_or(Duration::from_millis(100)),
             requests: Mutex::new(Vec::new()),
+            sessions: Mutex::new(Vec::new()),
             connections: AtomicUsize::new(0),
             open_log_streams: AtomicUsize::new(0),
             open_sessions: AtomicUsize::new(0),
@@ -142,10 +143,20 @@ struct State {
     only_configured: bool,
     follow_interval: Duration,
     requests: Mutex<Vec<String>>,
+    sessions: Mutex<Vec<String>>,
     connections: AtomicUsize,
     open_log_streams: AtomicUsize,
     open_sessions: AtomicUsize,
     cancel: CancellationToken,
+}
+
+impl State {
+    fn record_session(&self, kind: &str, transport: &str, protocol: &str) {
+        self.sessions
+            .lock()
+            .unwrap()
+            .push(format!("{kind} {transport} {protocol}"));
+    }
 }
 
 /// A running stub kubelet. Dropping it without [`StubKubelet::shutdown`] also stops it.
@@ -195,6 +206,13 @@ impl StubKubelet {
     /// (e.g. `/containerLogs/default/web/app?follow=true`).
     pub fn requests(&self) -> Vec<String> {
         self.state.requests.lock().unwrap().clone()
+    }
+
+    /// Every upgraded session it accepted, as `"{exec|attach|portForward} {SPDY/3.1|websocket}
+    /// {subprotocol}"` (e.g. `exec websocket v5.channel.k8s.io`), so a test can tell which
+    /// protocol a client ended up speaking.
+    pub fn sessions(&self) -> Vec<String> {
+        self.state.sessions.lock().unwrap().clone()
     }
 
     /// How many TCP connections it accepted (a TLS failure still counts).
@@ -608,6 +626,7 @@ fn upgrade_exec(
             }
             .to_string();
             let header_protocol = protocol.clone();
+            state.record_session(&exec.kind, "SPDY/3.1", &protocol);
             spawn_session(&state, async move {
                 let io = TokioIo::new(on_upgrade.await?);
                 streams::spdy_exec(io, exec, protocol).await?;
@@ -644,6 +663,7 @@ fn upgrade_exec(
                 return text(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
             };
             let p2 = protocol.clone();
+            state.record_session(&exec.kind, "websocket", &protocol);
             spawn_session(&state, async move {
                 let io = TokioIo::new(on_upgrade.await?);
                 let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
@@ -673,6 +693,7 @@ fn upgrade_port_forward(
                     ),
                 );
             }
+            state.record_session("portForward", "SPDY/3.1", PORT_FORWARD_PROTOCOL);
             spawn_session(&state, async move {
                 let io = TokioIo::new(on_upgrade.await?);
                 streams::spdy_port_forward(io).await?;
@@ -710,6 +731,7 @@ fn upgrade_port_forward(
             let Some(accept) = ws_accept(req.headers()) else {
                 return text(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
             };
+            state.record_session("portForward", "websocket", protocol);
             spawn_session(&state, async move {
                 let io = TokioIo::new(on_upgrade.await?);
                 let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
