@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
-    AlarmAction, AlarmOptions, AlarmType, Certificate, Client, ConnectOptions, DowngradeOptions,
-    GetOptions, Identity, MemberAddOptions, TlsOptions,
+    Certificate, Client, ConnectOptions, DowngradeOptions, GetOptions, Identity, MemberAddOptions,
+    TlsOptions,
 };
 use tracing::{info, warn};
 
@@ -596,34 +596,16 @@ pub async fn join_state(opts: &EtcdOptions, endpoints: &[String]) -> Result<Join
     })
 }
 
-async fn status_and_alarms(
-    mut c: Client,
-) -> Result<(etcd_client::StatusResponse, Vec<(u64, String)>), etcd_client::Error> {
-    let status = c.status().await?;
-    let alarms = c
-        .alarm(AlarmAction::Get, AlarmType::None, None::<AlarmOptions>)
-        .await?;
-    let alarms = alarms
-        .alarms()
-        .iter()
-        .map(|a| (a.member_id(), format!("{:?}", a.alarm()).to_uppercase()))
-        .collect();
-    Ok((status, alarms))
-}
-
 /// Asks the member at `endpoint` how it is. A member with no leader is reported, not
 /// hidden: it is up and answering, and not part of a working quorum.
 pub async fn etcd_member_status(opts: &EtcdOptions, endpoint: &str) -> MemberAnswer {
-    match call_one(opts, endpoint, status_and_alarms).await {
+    // Status alone: it is answered from the member's local state (alarms included, in its
+    // `errors`), whereas an alarm list goes through raft and hangs while there is no leader.
+    match call_one(opts, endpoint, |mut c| async move { c.status().await }).await {
         Err(e) => MemberAnswer::unreachable(endpoint, e.reason),
-        Ok((status, alarms)) => {
+        Ok(status) => {
             let member_id = status.header().map(|h| h.member_id());
-            let mut own: Vec<String> = alarms
-                .into_iter()
-                .filter(|(id, _)| Some(*id) == member_id)
-                .map(|(_, a)| a)
-                .collect();
-            own.extend(status.errors().iter().map(|e| format!("status error: {e}")));
+            let own = rules::alarms_from_status_errors(member_id, status.errors());
             MemberAnswer {
                 endpoint: endpoint.to_string(),
                 member_id,

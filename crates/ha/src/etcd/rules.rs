@@ -240,6 +240,32 @@ impl MemberAnswer {
     }
 }
 
+/// The alarms (and other errors) a member's status reports about itself. etcd lists every
+/// alarm it knows as `memberID:<decimal> alarm:<TYPE>`, and adds `etcdserver: no leader`
+/// when it has none (already visible as a zero leader, so not repeated here). Alarms of
+/// other members are left to those members' own answers, so each problem names the member
+/// that raised it; an entry that does not parse is kept rather than dropped.
+pub fn alarms_from_status_errors(own_id: Option<u64>, errors: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in errors {
+        let e = e.trim();
+        if e == "etcdserver: no leader" {
+            continue;
+        }
+        let member = e
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("memberID:"))
+            .and_then(|id| id.parse::<u64>().ok());
+        let alarm = e.split_whitespace().find_map(|w| w.strip_prefix("alarm:"));
+        match (member, alarm) {
+            (Some(m), Some(a)) if Some(m) == own_id => out.push(a.to_string()),
+            (Some(_), Some(_)) => {}
+            _ => out.push(e.to_string()),
+        }
+    }
+    out
+}
+
 /// Why the cluster is not healthy, naming each member involved.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "problem", rename_all = "snake_case")]
@@ -418,6 +444,21 @@ mod tests {
         assert!(!c.healthy());
         let problems = judge_cluster(&[ok("a", 1, 1), c]).unwrap_err();
         assert!(matches!(&problems[0], MemberProblem::Alarm { endpoint, .. } if endpoint == "c"));
+    }
+
+    #[test]
+    fn status_errors_become_own_alarms() {
+        let errors = vec![
+            "etcdserver: no leader".to_string(),
+            "memberID:7 alarm:NOSPACE ".to_string(),
+            "memberID:8 alarm:CORRUPT ".to_string(),
+            "something else".to_string(),
+        ];
+        assert_eq!(
+            alarms_from_status_errors(Some(7), &errors),
+            vec!["NOSPACE".to_string(), "something else".to_string()]
+        );
+        assert!(alarms_from_status_errors(Some(1), &errors[..1]).is_empty());
     }
 
     #[test]

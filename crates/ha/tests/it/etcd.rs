@@ -1,0 +1,272 @@
+//! etcd membership and health against real etcd 3.4 members (see `etcd_harness`).
+
+use std::time::Duration;
+
+use ha::etcd::{
+    self, AddMember, DowngradeState, EtcdError, EtcdOptions, JOIN_BUNDLE_ETCD_KEY, MemberProblem,
+    RetryPolicy,
+};
+use ha::journal::JoinIntentJournal;
+
+use crate::etcd_harness::EtcdCluster;
+
+/// Quick enough for a test, patient enough to outlast etcd's 5 s health interval.
+fn test_retry() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 30,
+        initial: Duration::from_millis(300),
+        max: Duration::from_secs(1),
+    }
+}
+
+/// One mTLS cluster grows, is refused, loses a member and gains a learner; every step is
+/// checked against what etcd itself reports. Shared so the whole story costs one cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_grows_refuses_fails_closed_and_shrinks() -> anyhow::Result<()> {
+    let mut cluster = EtcdCluster::start(3).await?;
+    let opts = cluster.options();
+    let eps = cluster.endpoints();
+    let state = tempfile::tempdir()?;
+    let journal = JoinIntentJournal::new(state.path());
+
+    // A client without the client certificate is turned away: the cluster really is mTLS.
+    let anonymous = EtcdOptions::default();
+    assert!(etcd::member_count(&anonymous, &eps).await.is_err());
+
+    let health = etcd::etcd_cluster_healthy(&opts, &eps).await?;
+    assert_eq!(health.members.len(), 3);
+    assert_eq!(etcd::member_count(&opts, &eps).await?, 3);
+
+    // Add a 4th member. The journal is on disk before the add and names it.
+    let s4 = cluster.plan_member()?;
+    let add4 = etcd::member_add_with(
+        &opts,
+        &eps,
+        &AddMember {
+            retry: test_retry(),
+            ..AddMember::new(&s4.name, s4.peer_url())
+        },
+        Some(&journal),
+    )
+    .await?;
+    // No assertion on add4.attempts: a cluster started moments ago is itself refused
+    // ("unhealthy cluster") until its members have been connected ~5 s, so this first add
+    // has usually been retried already.
+    let recorded = journal.read()?.expect("journal written before the add");
+    assert_eq!(recorded.peer_url, s4.peer_url());
+    assert_eq!(add4.initial_cluster.split(',').count(), 4);
+    assert!(
+        add4.initial_cluster
+            .contains(&format!("{}={}", s4.name, s4.peer_url())),
+        "{}",
+        add4.initial_cluster
+    );
+    let (_, members) = etcd::member_list_via(&opts, &eps).await?;
+    assert_eq!(members.len(), 4);
+    let m4 = members.iter().find(|m| m.id == add4.id).unwrap();
+    assert!(!m4.started() && m4.client_urls.is_empty());
+
+    // An add right behind it, while the 4th has not started: etcd 3.4's strict reconfig
+    // check answers "unhealthy cluster" (the 4th voter is not connected). The add is
+    // retried while the 4th starts, and goes through once it has been connected ~5 s.
+    let s5 = cluster.plan_member()?;
+    let add5_req = AddMember {
+        retry: test_retry(),
+        ..AddMember::new(&s5.name, s5.peer_url())
+    };
+    let (opts5, eps5) = (opts.clone(), eps.clone());
+    let add5 =
+        tokio::spawn(async move { etcd::member_add_with(&opts5, &eps5, &add5_req, None).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.start_added(&s4, &add4.initial_cluster).await?;
+    let four: Vec<String> = (0..4).map(|i| cluster.endpoint(i)).collect();
+    let health = etcd::etcd_cluster_healthy(&opts, &four).await?;
+    assert_eq!(health.members.len(), 4);
+    let (_, members) = etcd::member_list_via(&opts, &four).await?;
+    let m4 = members.iter().find(|m| m.id == add4.id).unwrap();
+    assert_eq!(
+        m4.name, s4.name,
+        "the 4th member started and published its name"
+    );
+    journal.clear()?;
+    assert!(!journal.survives()?);
+
+    let add5 = add5.await??;
+    assert!(
+        add5.attempts > 1,
+        "the add behind an unstarted member must have been refused first (attempts {})",
+        add5.attempts
+    );
+    cluster.start_added(&s5, &add5.initial_cluster).await?;
+    let all = cluster.endpoints();
+    assert_eq!(all.len(), 5);
+    let health = etcd::etcd_cluster_healthy(&opts, &all).await?;
+    assert!(
+        health
+            .members
+            .iter()
+            .all(|m| m.leader == Some(health.leader))
+    );
+    assert_eq!(etcd::member_count(&opts, &all).await?, 5);
+
+    // Kill a follower (not member 0, the survivor used below): health fails closed,
+    // naming exactly that member. A follower, so the others keep their leader and the
+    // only problem is the dead member.
+    let victim = (1..5)
+        .find(|&i| health.members[i].member_id != Some(health.leader))
+        .expect("four of five members are followers");
+    let dead = cluster.endpoint(victim);
+    let dead_peer = cluster.peer_url(victim);
+    let dead_host = dead_peer
+        .trim_start_matches("https://")
+        .split(':')
+        .next()
+        .unwrap()
+        .to_string();
+    cluster.kill(victim);
+    let err = etcd::etcd_cluster_healthy(&opts, &all).await.unwrap_err();
+    let EtcdError::Unhealthy { problems, .. } = &err else {
+        panic!("expected Unhealthy, got {err}")
+    };
+    assert_eq!(problems.len(), 1, "{err}");
+    assert!(
+        matches!(&problems[0], MemberProblem::NoAnswer { endpoint, .. } if *endpoint == dead),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&dead), "{err}");
+
+    // Remove it through a list that starts with the dead endpoint: the survivor answers.
+    let via = vec![dead.clone(), cluster.endpoint(0)];
+    etcd::member_remove(&opts, &via, &dead_peer).await?;
+    let survivors = cluster.endpoints();
+    assert_eq!(etcd::member_count(&opts, &survivors).await?, 4);
+    etcd::etcd_cluster_healthy(&opts, &survivors).await?;
+    // Removing it again is a clear not-found naming the peer URL.
+    let again = etcd::member_remove(&opts, &survivors, &dead_peer)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&again, EtcdError::MemberNotFound { peer_url, .. } if *peer_url == dead_peer),
+        "{again}"
+    );
+
+    // A learner counts as a member, and has a host before it ever starts.
+    let s6 = cluster.plan_member()?;
+    let learner = etcd::member_add_with(
+        &opts,
+        &survivors,
+        &AddMember {
+            learner: true,
+            retry: test_retry(),
+            ..AddMember::new(&s6.name, s6.peer_url())
+        },
+        None,
+    )
+    .await?;
+    let (_, members) = etcd::member_list_via(&opts, &survivors).await?;
+    assert!(members.iter().any(|m| m.id == learner.id && m.is_learner));
+    assert_eq!(etcd::member_count(&opts, &survivors).await?, 5);
+    let hosts = etcd::member_hosts_via(&opts, &survivors).await?;
+    assert_eq!(hosts.len(), 5);
+    assert!(hosts.contains(&s6.ip.to_string()), "{hosts:?}");
+    assert!(
+        !hosts.contains(&dead_host),
+        "removed member gone: {hosts:?}"
+    );
+    let client_ips = etcd::member_client_ips_via(&opts, &via).await?;
+    assert_eq!(
+        client_ips.len(),
+        4,
+        "the unstarted learner has no client URL: {client_ips:?}"
+    );
+
+    // join_state: members (learner included) and the bundle key, read linearizably.
+    let js = etcd::join_state(&opts, &survivors).await?;
+    assert_eq!((js.members, js.bundle), (5, false));
+    let tls = cluster.client_tls().unwrap();
+    let mut raw = etcd_client::Client::connect(
+        [cluster.endpoint(0)],
+        Some(
+            etcd_client::ConnectOptions::new().with_tls(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(std::fs::read(&tls.ca)?))
+                    .identity(etcd_client::Identity::from_pem(
+                        std::fs::read(&tls.cert)?,
+                        std::fs::read(&tls.key)?,
+                    )),
+            ),
+        ),
+    )
+    .await?;
+    raw.put(JOIN_BUNDLE_ETCD_KEY, "sealed", None).await?;
+    let js = etcd::join_state(&opts, &survivors).await?;
+    assert!(js.bundle);
+    Ok(())
+}
+
+/// A plain-http member: storage facts of etcd 3.4, a downgrade refused as not validated,
+/// and the journal written before an add that could not even be sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_member_storage_downgrade_and_journal_order() -> anyhow::Result<()> {
+    let cluster = EtcdCluster::start_plain(1).await?;
+    let opts = cluster.options();
+    let ep = cluster.endpoint(0);
+    assert!(ep.starts_with("http://"));
+
+    let storage = etcd::etcd_storage_at(&opts, &ep).await?;
+    assert_eq!(storage.members, 1);
+    assert!(storage.server_version.starts_with("3.4"), "{storage:?}");
+    assert_eq!(storage.downgrade, DowngradeState::Unsupported);
+    assert_eq!(storage.storage_version, None, "3.4 does not report one");
+
+    let err = etcd::downgrade_etcd(&opts, &ep, "3.3").await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            EtcdError::DowngradeNotValidated {
+                unsupported: true,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    // A member that is down: status says so as NoStatus, not as a parse or setup error.
+    let down = "http://127.0.0.19:9".to_string();
+    let err = etcd::etcd_storage_at(&opts, &down).await.unwrap_err();
+    assert!(
+        matches!(&err, EtcdError::NoStatus { endpoint, .. } if *endpoint == down),
+        "{err}"
+    );
+
+    // The journal is written before the add is sent: an add that cannot reach anyone
+    // still leaves it behind, and the error says nobody could be asked.
+    let state = tempfile::tempdir()?;
+    let journal = JoinIntentJournal::new(state.path());
+    let err = etcd::member_add(
+        &opts,
+        std::slice::from_ref(&down),
+        "x",
+        "http://127.0.0.18:2380",
+        &journal,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, EtcdError::Unreachable { .. }), "{err}");
+    assert!(journal.survives()?);
+
+    // A non-retryable refusal comes back at once: re-adding an existing peer URL.
+    let err = etcd::member_add_with(
+        &opts,
+        std::slice::from_ref(&ep),
+        &AddMember::new("dup", cluster.peer_url(0)),
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&err, EtcdError::Request { endpoint, .. } if *endpoint == ep),
+        "{err}"
+    );
+    Ok(())
+}

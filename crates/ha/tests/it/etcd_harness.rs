@@ -1,0 +1,374 @@
+//! Real etcd members for tests and benchmarks.
+//!
+//! Starts 1 to 5 members of etcd (the Debian `etcd-server` binary) on distinct loopback
+//! addresses (127.0.N.11, .12, ...: all of 127/8 answers on loopback) and free ports,
+//! data in a tempdir, with mTLS from the project's own PKI (or plain http), and waits
+//! until every member knows a leader. Members are SIGKILLed on drop: a graceful stop of
+//! the leader before its followers stalls for seconds, and nothing here needs the data.
+//!
+//! Shared by `tests/it/etcd.rs` and `benches/etcd.rs` (which `#[path]`-includes it).
+
+#![allow(dead_code)] // each includer uses a different subset
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use ha::etcd::{EtcdOptions, EtcdTls, etcd_member_status};
+
+/// Member `i` (0-based) of a cluster is 127.0.N.(11+i). N differs per cluster (process ID
+/// and a counter), so clusters of parallel test processes never share an address, and a
+/// "free" port one process probed cannot be taken by another's member.
+const FIRST_HOST: u8 = 11;
+
+fn cluster_octet() -> u8 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ((std::process::id()
+        .wrapping_mul(31)
+        .wrapping_add(n.wrapping_mul(7)))
+        % 250
+        + 1) as u8
+}
+/// Addresses handed out in all (initial members plus added ones).
+const MAX_SLOTS: usize = 9;
+/// How long a member may take to know a leader.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Finds the etcd binary: `$ETCD_BIN`, else `etcd` on PATH.
+pub fn etcd_binary() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("ETCD_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join("etcd");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!("etcd not found on PATH (nor $ETCD_BIN): apt-get install etcd-server")
+}
+
+/// A member's address and ports, allocated before it is added or started.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    /// Member name (`m1`, `m2`, ...).
+    pub name: String,
+    /// Its loopback address.
+    pub ip: Ipv4Addr,
+    /// Client port.
+    pub client_port: u16,
+    /// Peer port.
+    pub peer_port: u16,
+    scheme: &'static str,
+}
+
+impl Slot {
+    /// `https://127.0.0.x:port` (or http).
+    pub fn client_url(&self) -> String {
+        format!("{}://{}:{}", self.scheme, self.ip, self.client_port)
+    }
+
+    /// The peer URL.
+    pub fn peer_url(&self) -> String {
+        format!("{}://{}:{}", self.scheme, self.ip, self.peer_port)
+    }
+}
+
+struct Member {
+    slot: Slot,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+/// Client TLS files of a harness cluster.
+#[derive(Debug, Clone)]
+pub struct ClientTlsFiles {
+    /// The etcd CA.
+    pub ca: PathBuf,
+    /// A client certificate (clientAuth) issued by it.
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
+}
+
+/// A running etcd cluster; members are killed on drop.
+pub struct EtcdCluster {
+    dir: tempfile::TempDir,
+    ca: Option<pki::Ca>,
+    client_tls: Option<ClientTlsFiles>,
+    members: Vec<Member>,
+    slots_used: usize,
+    octet: u8,
+    binary: PathBuf,
+}
+
+fn free_port(ip: Ipv4Addr) -> anyhow::Result<u16> {
+    let l = TcpListener::bind((ip, 0)).with_context(|| format!("bind {ip}:0"))?;
+    Ok(l.local_addr()?.port())
+}
+
+impl EtcdCluster {
+    /// `n` members (1 to 5) with mTLS from the project's PKI.
+    pub async fn start(n: usize) -> anyhow::Result<Self> {
+        Self::start_with(n, true).await
+    }
+
+    /// `n` members over plain http.
+    pub async fn start_plain(n: usize) -> anyhow::Result<Self> {
+        Self::start_with(n, false).await
+    }
+
+    async fn start_with(n: usize, tls: bool) -> anyhow::Result<Self> {
+        if !(1..=5).contains(&n) {
+            bail!("the harness starts 1 to 5 members, not {n}");
+        }
+        let binary = etcd_binary()?;
+        let dir = tempfile::tempdir()?;
+        let (ca, client_tls) = if tls {
+            let ca = pki::Ca::generate("etcd-ca")?;
+            let ca_path = dir.path().join("ca.crt");
+            pki::write_atomic(&ca_path, ca.cert_pem().as_bytes(), 0o644)?;
+            let client = ca.issue(&pki::LeafSpec::new(
+                "harness-client",
+                &[pki::Usage::ClientAuth],
+            ))?;
+            let cert = dir.path().join("client.crt");
+            let key = dir.path().join("client.key");
+            pki::write_atomic(&cert, client.cert_pem.as_bytes(), 0o644)?;
+            pki::write_atomic(&key, client.key_pem.as_bytes(), 0o600)?;
+            (
+                Some(ca),
+                Some(ClientTlsFiles {
+                    ca: ca_path,
+                    cert,
+                    key,
+                }),
+            )
+        } else {
+            (None, None)
+        };
+        let mut cluster = EtcdCluster {
+            dir,
+            ca,
+            client_tls,
+            members: Vec::new(),
+            slots_used: 0,
+            octet: cluster_octet(),
+            binary,
+        };
+        let slots: Vec<Slot> = (0..n)
+            .map(|_| cluster.plan_member())
+            .collect::<anyhow::Result<_>>()?;
+        let initial: Vec<String> = slots
+            .iter()
+            .map(|s| format!("{}={}", s.name, s.peer_url()))
+            .collect();
+        let initial = initial.join(",");
+        for s in &slots {
+            cluster.spawn(s, &initial, "new")?;
+        }
+        for i in 0..n {
+            cluster.wait_ready(i).await?;
+        }
+        Ok(cluster)
+    }
+
+    /// Allocates the next address and two free ports for a member to be added.
+    pub fn plan_member(&mut self) -> anyhow::Result<Slot> {
+        if self.slots_used >= MAX_SLOTS {
+            bail!("the harness has no more than {MAX_SLOTS} member addresses");
+        }
+        let ip = Ipv4Addr::new(127, 0, self.octet, FIRST_HOST + self.slots_used as u8);
+        self.slots_used += 1;
+        Ok(Slot {
+            name: format!("m{}", self.slots_used),
+            ip,
+            client_port: free_port(ip)?,
+            peer_port: free_port(ip)?,
+            scheme: if self.ca.is_some() { "https" } else { "http" },
+        })
+    }
+
+    /// Starts a member that was added with `member_add` (state `existing`) and waits until
+    /// it knows a leader. Returns its index.
+    pub async fn start_added(
+        &mut self,
+        slot: &Slot,
+        initial_cluster: &str,
+    ) -> anyhow::Result<usize> {
+        let i = self.spawn(slot, initial_cluster, "existing")?;
+        self.wait_ready(i).await?;
+        Ok(i)
+    }
+
+    fn member_tls(&self, slot: &Slot) -> anyhow::Result<Vec<String>> {
+        let Some(ca) = &self.ca else {
+            return Ok(Vec::new());
+        };
+        let mut id = pki::NodeIdentity::new(slot.name.clone());
+        id.node_ip = Some(slot.ip.into());
+        // One certificate serves clients and peers: etcd dials its peers with it too, so
+        // it carries both serverAuth and clientAuth.
+        let issued = ca.issue(&id.etcd_spec())?;
+        let cert = self.dir.path().join(format!("{}.crt", slot.name));
+        let key = self.dir.path().join(format!("{}.key", slot.name));
+        pki::write_atomic(&cert, issued.cert_pem.as_bytes(), 0o644)?;
+        pki::write_atomic(&key, issued.key_pem.as_bytes(), 0o600)?;
+        let ca_path = &self.client_tls.as_ref().expect("TLS cluster").ca;
+        let (c, k, t) = (
+            cert.display().to_string(),
+            key.display().to_string(),
+            ca_path.display().to_string(),
+        );
+        Ok(vec![
+            "--cert-file".into(),
+            c.clone(),
+            "--key-file".into(),
+            k.clone(),
+            "--trusted-ca-file".into(),
+            t.clone(),
+            "--client-cert-auth".into(),
+            "--peer-cert-file".into(),
+            c,
+            "--peer-key-file".into(),
+            k,
+            "--peer-trusted-ca-file".into(),
+            t,
+            "--peer-client-cert-auth".into(),
+        ])
+    }
+
+    fn spawn(&mut self, slot: &Slot, initial_cluster: &str, state: &str) -> anyhow::Result<usize> {
+        let data = self.dir.path().join(format!("{}.etcd", slot.name));
+        let log = self.dir.path().join(format!("{}.log", slot.name));
+        let log_file = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(["--name", &slot.name])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen-client-urls", &slot.client_url()])
+            .args(["--advertise-client-urls", &slot.client_url()])
+            .args(["--listen-peer-urls", &slot.peer_url()])
+            .args(["--initial-advertise-peer-urls", &slot.peer_url()])
+            .args(["--initial-cluster", initial_cluster])
+            .args(["--initial-cluster-state", state])
+            .args(["--initial-cluster-token", "stratum-harness"])
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .args(self.member_tls(slot)?)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("spawn {} for member {}", self.binary.display(), slot.name))?;
+        self.members.push(Member {
+            slot: slot.clone(),
+            child: Some(child),
+            log,
+        });
+        Ok(self.members.len() - 1)
+    }
+
+    async fn wait_ready(&mut self, i: usize) -> anyhow::Result<()> {
+        let opts = self.options();
+        let endpoint = self.members[i].slot.client_url();
+        let start = Instant::now();
+        loop {
+            if let Some(child) = self.members[i].child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!(
+                    "etcd member {} exited ({status}) before it was ready:\n{}",
+                    self.members[i].slot.name,
+                    self.log_tail(i)
+                );
+            }
+            let answer = etcd_member_status(&opts, &endpoint).await;
+            if answer.error.is_none() && answer.leader.is_some() {
+                return Ok(());
+            }
+            if start.elapsed() > READY_TIMEOUT {
+                bail!(
+                    "etcd member {} at {endpoint} not ready after {READY_TIMEOUT:?} (last answer: {answer:?}):\n{}",
+                    self.members[i].slot.name,
+                    self.log_tail(i)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Client options: the harness client certificate (mTLS) or none (plain), and short
+    /// timeouts.
+    pub fn options(&self) -> EtcdOptions {
+        let mut o = EtcdOptions::with_tls(
+            self.client_tls
+                .as_ref()
+                .map(|t| EtcdTls::from_paths(&t.ca, &t.cert, &t.key)),
+        );
+        o.connect_timeout = Duration::from_secs(2);
+        o.request_timeout = Duration::from_secs(3);
+        o
+    }
+
+    /// The client TLS files (None for a plain cluster).
+    pub fn client_tls(&self) -> Option<&ClientTlsFiles> {
+        self.client_tls.as_ref()
+    }
+
+    /// Client URL of member `i` (in start order), running or not.
+    pub fn endpoint(&self, i: usize) -> String {
+        self.members[i].slot.client_url()
+    }
+
+    /// Peer URL of member `i`.
+    pub fn peer_url(&self, i: usize) -> String {
+        self.members[i].slot.peer_url()
+    }
+
+    /// Client URLs of every running member.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .map(|m| m.slot.client_url())
+            .collect()
+    }
+
+    /// Members started so far (running or killed).
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// SIGKILLs member `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The last lines of member `i`'s log.
+    pub fn log_tail(&self, i: usize) -> String {
+        let text = std::fs::read_to_string(&self.members[i].log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// The tempdir holding data, logs and certificates.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
