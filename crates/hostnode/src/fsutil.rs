@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// A file operation failed.
 #[derive(Debug, thiserror::Error)]
-#[error("{op} {}: {source}", path.display())]
+#[error("{op} {}", path.display())]
 pub struct FsError {
     /// What was being done (`write`, `rename to`, `sync directory`, ...).
     pub op: &'static str,

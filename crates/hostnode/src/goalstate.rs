@@ -333,7 +333,7 @@ impl NodeStart {
 #[derive(Debug, thiserror::Error)]
 pub enum GoalStateError {
     /// The configuration file could not be read.
-    #[error("cannot read agent configuration {}: {source}", path.display())]
+    #[error("cannot read agent configuration {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -342,7 +342,7 @@ pub enum GoalStateError {
         source: std::io::Error,
     },
     /// The configuration is not valid YAML of the expected shape.
-    #[error("agent configuration {}: {source}", path.display())]
+    #[error("agent configuration {} is not valid", path.display())]
     Parse {
         /// The file.
         path: PathBuf,
@@ -649,7 +649,8 @@ slots:
         let unknown = CONFIG.replace("nodeName:", "nodeNme:");
         let err = AgentConfig::parse(&unknown, Path::new("a.yaml")).unwrap_err();
         assert!(
-            err.to_string().contains("a.yaml") && err.to_string().contains("nodeNme"),
+            crate::error_chain(&err).contains("a.yaml")
+                && crate::error_chain(&err).contains("nodeNme"),
             "{err}"
         );
 

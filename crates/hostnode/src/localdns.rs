@@ -21,7 +21,7 @@ use crate::runner::{Cmd, RunError, Runner};
 #[derive(Debug, thiserror::Error)]
 pub enum LocalDnsError {
     /// An `ip` command failed.
-    #[error("LocalDNS interface: {0}")]
+    #[error("LocalDNS interface command failed")]
     Command(#[from] RunError),
     /// The probe name is not a valid DNS name.
     #[error("LocalDNS probe name {name:?} is not a valid DNS name: {reason}")]
@@ -361,7 +361,10 @@ mod tests {
             CmdOutput::failed(255, "RTNETLINK answers: Operation not permitted\n"),
         );
         let err = setup_network(&runner, &dns()).await.unwrap_err();
-        assert!(err.to_string().contains("Operation not permitted"), "{err}");
+        assert!(
+            crate::error_chain(&err).contains("Operation not permitted"),
+            "{err}"
+        );
     }
 
     #[test]

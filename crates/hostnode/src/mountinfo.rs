@@ -35,7 +35,7 @@ pub struct MountEntry {
 #[derive(Debug, thiserror::Error)]
 pub enum MountInfoError {
     /// The file could not be read.
-    #[error("cannot read the mount table {path}: {source}")]
+    #[error("cannot read the mount table {}", path.display())]
     Read {
         /// The mount table file.
         path: PathBuf,
@@ -44,7 +44,7 @@ pub enum MountInfoError {
         source: std::io::Error,
     },
     /// A line does not have the mountinfo shape.
-    #[error("mount table {path}, line {line}: {reason}: {text:?}")]
+    #[error("mount table {}, line {line}: {reason}: {text:?}", path.display())]
     Malformed {
         /// The mount table file.
         path: PathBuf,

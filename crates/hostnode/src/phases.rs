@@ -58,7 +58,7 @@ where
 
 /// A task that failed, named.
 #[derive(Debug, thiserror::Error)]
-#[error("phase {task:?} failed: {source}")]
+#[error("phase {task:?} failed")]
 pub struct PhaseError {
     /// The name of the task that failed.
     pub task: String,
@@ -178,7 +178,10 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(err.task, "restart");
-        assert_eq!(err.to_string(), "phase \"restart\" failed: disk full");
+        assert_eq!(
+            crate::error_chain(&err),
+            "phase \"restart\" failed: disk full"
+        );
         assert_eq!(*ran.lock().unwrap(), ["configure", "restart"]);
         assert_eq!(
             events,

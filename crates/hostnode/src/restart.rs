@@ -13,7 +13,7 @@ pub struct ChangedUnit {
 
 /// A restart failed.
 #[derive(Debug, thiserror::Error)]
-#[error("restart {unit}: {source}")]
+#[error("restart {unit}")]
 pub struct RestartError<E: std::error::Error + 'static> {
     /// The unit whose restart failed; later units were not restarted.
     pub unit: String,
@@ -115,7 +115,10 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(err.unit, "containerd.service");
-        assert_eq!(err.to_string(), "restart containerd.service: job failed");
+        assert_eq!(
+            crate::error_chain(&err),
+            "restart containerd.service: job failed"
+        );
         assert_eq!(calls.lock().unwrap().len(), 1);
     }
 }

@@ -103,7 +103,7 @@ impl CmdOutput {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// The program could not be started at all (missing, not executable).
-    #[error("cannot run `{command}`: {source}")]
+    #[error("cannot run `{command}`")]
     Spawn {
         /// The command line.
         command: String,

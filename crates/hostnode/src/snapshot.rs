@@ -73,7 +73,7 @@ pub enum SnapshotError {
         path: PathBuf,
     },
     /// `systemctl daemon-reload` after restoring unit files failed.
-    #[error("files restored, but systemd did not reload them: {0}")]
+    #[error("files restored, but systemd did not reload them")]
     Reload(#[source] RunError),
 }
 
@@ -239,6 +239,11 @@ pub fn load(dir: &Path, root: &HostRoot) -> Result<Option<Snapshot>, SnapshotErr
         restored: false,
         runner: Arc::new(HostRunner::new()),
     }))
+}
+
+/// Whether `dir` holds a complete snapshot (its manifest is there).
+pub fn exists(dir: &Path) -> bool {
+    dir.join(MANIFEST).is_file()
 }
 
 /// Restores a snapshot an earlier process left in `dir` (one a crash interrupted, before

@@ -59,7 +59,7 @@ impl<R: Runner> Mounter for RunnerMounter<R> {
             match self.0.run(&cmd).await {
                 Ok(_) => Ok(()),
                 Err(err) if err.stderr().is_some_and(|e| e.contains("not mounted")) => Ok(()),
-                Err(err) => Err(err.to_string()),
+                Err(err) => Err(crate::error_chain(&err)),
             }
         })
     }

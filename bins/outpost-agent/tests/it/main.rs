@@ -1,3 +1,4 @@
 //! Process-level tests of the `outpost-agent` binary.
 
 mod health;
+mod node;

@@ -1,0 +1,409 @@
+//! `outpost-agent node ...` end to end: the real binary under `--host-root`, with a
+//! scripted `systemctl` (PID 1 is not systemd on test machines, so the real one cannot
+//! manage units) and real mounts in a private mount namespace.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_outpost-agent");
+
+const CONFIG: &str = r#"nodeName: worker-1
+kubelet:
+  config:
+    kind: KubeletConfiguration
+    apiVersion: kubelet.config.k8s.io/v1beta1
+    maxPods: 110
+  extraArgs: [--node-labels=pool=edge]
+containerd:
+  config: |
+    version = 2
+auth:
+  bootstrapToken:
+    apiServer: https://10.0.0.1:6443
+    token: abcdef.0123456789abcdef
+    caFile: /etc/kubernetes/pki/ca.crt
+"#;
+
+/// A host tree, two configurations and a scripted systemctl whose behaviour is switched
+/// by marker files.
+struct Host {
+    dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("root")).unwrap();
+        std::fs::write(dir.path().join("old.yaml"), CONFIG).unwrap();
+        // The upgrade changes the kubelet configuration, containerd's and the unit
+        // drop-in, and switches the kubelet to a kubeconfig (so a file appears and one
+        // goes).
+        let new = CONFIG
+            .replace("maxPods: 110", "maxPods: 250")
+            .replace("version = 2", "version = 3")
+            .replace("pool=edge", "pool=core")
+            .replace(
+                "  bootstrapToken:\n    apiServer: https://10.0.0.1:6443\n    token: abcdef.0123456789abcdef\n    caFile: /etc/kubernetes/pki/ca.crt\n",
+                "  kubeconfig:\n    content: \"apiVersion: v1\\nkind: Config\\n\"\n",
+            );
+        std::fs::write(dir.path().join("new.yaml"), new).unwrap();
+        let d = dir.path().display();
+        let script = format!(
+            r#"#!/bin/sh
+# Stands in for systemctl: logs every call; marker files make restarts fail or crash.
+echo "$*" >> {d}/systemctl.log
+case "$1" in
+  is-active)
+    if [ -e {d}/stopped ]; then echo inactive; exit 3; fi
+    echo active; exit 0 ;;
+  restart)
+    if [ "$2" = kubelet.service ] && [ -e {d}/crash-on-kubelet-restart ]; then kill -9 $PPID; sleep 1; exit 1; fi
+    if [ "$2" = kubelet.service ] && [ -e {d}/fail-kubelet-restart ]; then
+      echo "Job for kubelet.service failed because the control process exited with error code." >&2; exit 1
+    fi ;;
+esac
+exit 0
+"#
+        );
+        let path = dir.path().join("systemctl");
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn root(&self) -> PathBuf {
+        self.path("root")
+    }
+
+    fn mark(&self, name: &str, on: bool) {
+        if on {
+            std::fs::write(self.path(name), b"").unwrap();
+        } else {
+            let _ = std::fs::remove_file(self.path(name));
+        }
+    }
+
+    fn node(&self, args: &[&str]) -> Output {
+        let out = Command::new(BIN)
+            .arg("node")
+            .args(args)
+            .arg("--host-root")
+            .arg(self.root())
+            .env("OUTPOST_SYSTEMCTL", self.path("systemctl"))
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        eprintln!(
+            "$ outpost-agent node {}\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    fn config(&self, name: &str) -> String {
+        self.path(name).to_str().unwrap().to_string()
+    }
+
+    fn systemctl_log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path("systemctl.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Every regular file below root/etc except the agent's own directory, with its
+    /// bytes and mode.
+    fn etc(&self) -> BTreeMap<PathBuf, (Vec<u8>, u32)> {
+        fn walk(dir: &Path, out: &mut BTreeMap<PathBuf, (Vec<u8>, u32)>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for e in entries {
+                let p = e.unwrap().path();
+                let meta = std::fs::symlink_metadata(&p).unwrap();
+                if meta.is_dir() {
+                    if !p.ends_with("outpost-agent") {
+                        walk(&p, out);
+                    }
+                } else {
+                    out.insert(
+                        p.clone(),
+                        (std::fs::read(&p).unwrap(), meta.mode() & 0o7777),
+                    );
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        walk(&self.root().join("etc"), &mut out);
+        out
+    }
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn upgrade_rolls_back_byte_for_byte_when_the_kubelet_restart_fails() {
+    let host = Host::new();
+    let up = host.node(&["up", "--config", &host.config("old.yaml")]);
+    assert!(up.status.success());
+    let before = host.etc();
+    assert_eq!(before.len(), 4, "{:?}", before.keys());
+
+    host.mark("fail-kubelet-restart", true);
+    std::fs::remove_file(host.path("systemctl.log")).unwrap();
+    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("phase \"restart\" failed"), "{err}");
+    assert!(err.contains("Job for kubelet.service failed"), "{err}");
+    assert!(err.contains("previous configuration was restored"), "{err}");
+    assert!(
+        stdout(&out).contains("[7/8] restart FAILED"),
+        "{}",
+        stdout(&out)
+    );
+    // Byte for byte and mode for mode, including the kubeconfig the upgrade created
+    // being gone and the bootstrap kubeconfig it removed being back.
+    assert_eq!(host.etc(), before);
+    assert!(
+        !host
+            .root()
+            .join("etc/outpost-agent/upgrade-snapshot")
+            .exists()
+    );
+    assert_eq!(
+        host.systemctl_log(),
+        [
+            "is-active containerd.service",
+            "is-active kubelet.service",
+            "daemon-reload",
+            "restart containerd.service",
+            "restart kubelet.service",
+            // Rollback: reload the restored drop-in, restart onto the old configuration.
+            "daemon-reload",
+            "restart containerd.service",
+            "restart kubelet.service",
+        ]
+    );
+
+    // With the restart working, the same upgrade goes through and writes the new files.
+    host.mark("fail-kubelet-restart", false);
+    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    assert!(out.status.success());
+    let after = host.etc();
+    assert_ne!(after, before);
+    let kubelet = host.root().join("etc/kubernetes/kubelet/config.yaml");
+    assert!(String::from_utf8_lossy(&after[&kubelet].0).contains("maxPods: 250"));
+    assert!(
+        !host
+            .root()
+            .join("etc/kubernetes/bootstrap-kubelet.conf")
+            .exists()
+    );
+
+    // Steady state: the same upgrade again changes nothing and restarts nothing.
+    std::fs::remove_file(host.path("systemctl.log")).unwrap();
+    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    assert!(out.status.success());
+    assert_eq!(host.etc(), after);
+    assert_eq!(
+        host.systemctl_log(),
+        ["is-active containerd.service", "is-active kubelet.service"]
+    );
+}
+
+#[test]
+fn an_upgrade_killed_half_way_is_restored_by_the_next_one() {
+    let host = Host::new();
+    assert!(
+        host.node(&["up", "--config", &host.config("old.yaml")])
+            .status
+            .success()
+    );
+    let before = host.etc();
+
+    // systemctl kills the agent (SIGKILL) in the middle of the restart phase: the new
+    // configuration is written, the snapshot is on disk, nothing rolled back.
+    host.mark("crash-on-kubelet-restart", true);
+    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    assert_eq!(out.status.code(), None, "killed by a signal");
+    assert_ne!(host.etc(), before);
+    host.mark("crash-on-kubelet-restart", false);
+
+    let status = host.node(&["status", "--config", &host.config("old.yaml")]);
+    assert!(
+        stdout(&status).contains("an upgrade did not finish"),
+        "{}",
+        stdout(&status)
+    );
+
+    // The next upgrade first restores what the dead one saved, then applies its own
+    // configuration (here: the old one again, which is then already in place).
+    let out = host.node(&["upgrade", "--config", &host.config("old.yaml")]);
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("restored the configuration an interrupted upgrade saved"));
+    assert_eq!(host.etc(), before);
+}
+
+#[test]
+fn status_exit_codes_json_and_a_bad_config_names_the_phase() {
+    let host = Host::new();
+    let out = host.node(&["status", "--config", &host.config("old.yaml"), "-o", "json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["running"], true);
+    assert_eq!(v["units"][1]["unit"], "kubelet.service");
+    assert_eq!(v["auth"], "bootstrap-token");
+
+    host.mark("stopped", true);
+    let out = host.node(&["status", "--config", &host.config("old.yaml")]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stdout(&out).contains("kubelet.service inactive"));
+
+    std::fs::write(
+        host.path("bad.yaml"),
+        CONFIG.replace("abcdef.0123456789abcdef", "nope"),
+    )
+    .unwrap();
+    let out = host.node(&["up", "--config", &host.config("bad.yaml")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("phase \"resolve-goal-state\" failed"), "{err}");
+    assert!(err.contains("auth.bootstrapToken.token"), "{err}");
+    assert!(
+        !host.root().join("etc").exists(),
+        "nothing written for a bad config"
+    );
+}
+
+#[test]
+fn reset_unmounts_and_deletes_nothing_through_a_mount() {
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "node reset test needs root (it mounts in a private mount namespace): run the tests as root"
+    );
+    let host = Host::new();
+    let root = host.root();
+    let k = root.join("var/lib/kubelet");
+    std::fs::create_dir_all(k.join("pki")).unwrap();
+    std::fs::write(k.join("pki/kubelet-client-current.pem"), b"cert").unwrap();
+    std::fs::write(k.join("cpu_manager_state"), b"{}").unwrap();
+    std::fs::create_dir_all(root.join("etc/cni/net.d")).unwrap();
+    std::fs::write(root.join("etc/cni/net.d/10-flannel.conflist"), b"{}").unwrap();
+    std::fs::create_dir_all(root.join("var/lib/cni/networks/cbr0")).unwrap();
+    std::fs::write(root.join("var/lib/cni/networks/cbr0/10.244.0.5"), b"id").unwrap();
+    std::fs::create_dir_all(root.join("etc/kubernetes")).unwrap();
+    std::fs::write(root.join("etc/kubernetes/kubelet.conf"), b"rotated").unwrap();
+    let data = host.path("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("rows"), b"must survive").unwrap();
+    let sibling = root.join("var/lib/kubelet-x");
+    std::fs::create_dir_all(&sibling).unwrap();
+    std::fs::write(sibling.join("keep"), b"sibling").unwrap();
+
+    // One private mount namespace for the mounts and the agent: a tmpfs on the kubelet
+    // directory, a secret volume, a bind mount of the data directory with a space in
+    // its name, and a tmpfs on kubelet-x. The mount table is printed afterwards.
+    let script = format!(
+        r#"set -e
+K='{k}'
+mount -t tmpfs tmpfs "$K"
+mkdir -p "$K/pods/p1/volumes/kubernetes.io~secret/tok" "$K/pods/p2/volumes/kubernetes.io~local-volume/my pv"
+mount -t tmpfs tmpfs "$K/pods/p1/volumes/kubernetes.io~secret/tok"
+echo secret > "$K/pods/p1/volumes/kubernetes.io~secret/tok/token"
+mount --bind '{data}' "$K/pods/p2/volumes/kubernetes.io~local-volume/my pv"
+mount -t tmpfs tmpfs '{sibling}'
+echo sibling-tmpfs > '{sibling}/on-tmpfs'
+'{bin}' node reset --config '{config}' --host-root '{root}'
+echo "--- mounts"
+cat /proc/self/mountinfo
+echo "--- kubelet-x"
+cat '{sibling}/on-tmpfs'
+"#,
+        k = k.display(),
+        data = data.display(),
+        sibling = sibling.display(),
+        bin = BIN,
+        config = host.config("old.yaml"),
+        root = root.display(),
+    );
+    let out = Command::new("unshare")
+        // -n as well: the reset removes the LocalDNS interface, which must not touch
+        // the test machine's own links.
+        .args(["-m", "-n", "--propagation", "private", "sh", "-c", &script])
+        .env("OUTPOST_SYSTEMCTL", host.path("systemctl"))
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("unshare not found: apt-get install util-linux");
+    let text = stdout(&out);
+    eprintln!("{text}{}", stderr(&out));
+    assert!(out.status.success(), "reset failed");
+    for phase in [
+        "stop",
+        "unmount-kubelet-dir",
+        "remove-kubelet-state",
+        "reset-cni-state",
+        "reset-kubelet-identity",
+        "cleanup-network",
+        "verify-unmounted",
+    ] {
+        assert!(
+            text.contains(&format!("] {phase} ok")),
+            "{phase} missing: {text}"
+        );
+    }
+    let (_, rest) = text.split_once("--- mounts\n").unwrap();
+    let (mounts, sibling_out) = rest.split_once("--- kubelet-x\n").unwrap();
+    let kubelet_mounts: Vec<&str> = mounts
+        .lines()
+        .filter(|l| {
+            l.split(' ').nth(4).is_some_and(|p| {
+                p == k.to_str().unwrap() || p.starts_with(&format!("{}/", k.display()))
+            })
+        })
+        .collect();
+    assert!(
+        kubelet_mounts.is_empty(),
+        "still mounted: {kubelet_mounts:?}"
+    );
+    assert_eq!(
+        sibling_out.trim(),
+        "sibling-tmpfs",
+        "kubelet-x was unmounted"
+    );
+
+    // Outside the namespace: the data behind the bind mount survived; the kubelet
+    // directory is empty (its tmpfs was detached, the directory below it emptied).
+    assert_eq!(std::fs::read(data.join("rows")).unwrap(), b"must survive");
+    assert_eq!(std::fs::read_dir(&k).unwrap().count(), 0);
+    assert!(root.join("etc/cni/net.d").is_dir());
+    assert_eq!(
+        std::fs::read_dir(root.join("etc/cni/net.d"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert!(!root.join("var/lib/cni").exists());
+    assert!(!root.join("etc/kubernetes/kubelet.conf").exists());
+    assert_eq!(std::fs::read(sibling.join("keep")).unwrap(), b"sibling");
+    let log = host.systemctl_log();
+    assert_eq!(
+        log[..2],
+        ["stop kubelet.service", "stop containerd.service"]
+    );
+}
