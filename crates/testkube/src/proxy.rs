@@ -438,7 +438,7 @@ pub fn choose_container(pod: &Value, requested: Option<&str>) -> Result<String, 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogLocation {
     /// `/containerLogs/{ns}/{pod}/{container}?...`, or `None` when the pod has no node
-    /// (kube-apiserver then answers 200 with an empty body).
+    /// (kube-apiserver then answers 204 No Content).
     pub path_and_query: Option<String>,
     /// `insecureSkipTLSVerifyBackend=true`: skip verifying the kubelet even with a CA.
     pub insecure_skip_verify: bool,
@@ -897,7 +897,11 @@ async fn forward_log(
 ) -> Result<Response<Body>, ProxyError> {
     let loc = log_location(pod, req.uri().query().unwrap_or(""))?;
     let Some(path) = loc.path_and_query else {
-        return Ok(plain_ok(empty()));
+        // kube-apiserver's stream writer answers a location-less stream with 204.
+        return Ok(Response::builder()
+            .status(StatusCode::NO_CONTENT)
+            .body(empty())
+            .expect("static response parts are valid"));
     };
     let (host, port) = node_target(cfg, pod, node)?;
     let host_port = join_host_port(&host, port);
@@ -918,6 +922,10 @@ async fn forward_log(
         .await
         .map_err(|e| backend(e.to_string()))?;
     let code = resp.status().as_u16();
+    if (300..400).contains(&code) && resp.headers().contains_key(header::LOCATION) {
+        // The kubelet client refuses to follow redirects.
+        return Err(backend("redirects forbidden".into()));
+    }
     if !(200..=206).contains(&code) {
         let body = Limited::new(resp.into_body(), MAX_ERROR_BODY)
             .collect()

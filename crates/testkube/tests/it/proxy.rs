@@ -234,10 +234,10 @@ async fn missing_node_no_host_and_refused_dials_answer_like_kube_apiserver() {
     assert_eq!(status["message"], "nodes \"gone\" not found");
     assert_eq!(status["details"]["kind"], "nodes");
 
-    // No host: logs are empty, exec is a 400.
+    // No host: logs are 204 No Content, exec is a 400.
     let front2 = front(ProxyConfig::default(), pod(""), None).await;
     let resp = get(front2, LOG).await;
-    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.status(), 204);
     assert_eq!(body_text(resp).await, "");
     let (code, status) = status_of(
         get(
@@ -642,6 +642,72 @@ async fn spdy_port_forward_echoes_through_the_proxy() {
     assert_eq!(
         stub.requests(),
         vec!["/portForward/default/web?port=8080".to_string()]
+    );
+    stub.shutdown().await;
+}
+
+#[tokio::test]
+async fn kube_rs_exec_reaches_the_stub_over_websocket() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, AttachParams};
+
+    let stub = StubKubelet::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let api = front(
+        ProxyConfig::default(),
+        pod("n1"),
+        Some(node_at("127.0.0.1", stub.addr().port())),
+    )
+    .await;
+    let client =
+        kube::Client::try_from(kube::Config::new(format!("http://{api}").parse().unwrap()))
+            .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+
+    let mut proc = pods
+        .exec(
+            "web",
+            vec!["echo", "from", "kube-rs"],
+            &AttachParams::default().stderr(false),
+        )
+        .await
+        .unwrap();
+    let mut out = String::new();
+    proc.stdout()
+        .unwrap()
+        .read_to_string(&mut out)
+        .await
+        .unwrap();
+    let status = proc.take_status().unwrap().await.unwrap();
+    assert_eq!(status.status.as_deref(), Some("Success"));
+    proc.join().await.unwrap();
+    assert_eq!(out, "from kube-rs\n");
+
+    let mut proc = pods
+        .exec(
+            "web",
+            vec!["cat"],
+            &AttachParams::default().stdin(true).stderr(false),
+        )
+        .await
+        .unwrap();
+    let mut stdin = proc.stdin().unwrap();
+    let mut stdout = proc.stdout().unwrap();
+    stdin.write_all(b"echo me").await.unwrap();
+    let mut buf = [0u8; 7];
+    tokio::time::timeout(Duration::from_secs(10), stdout.read_exact(&mut buf))
+        .await
+        .expect("no echo within 10 s")
+        .unwrap();
+    assert_eq!(&buf, b"echo me");
+    proc.abort();
+    assert!(
+        stub.sessions()
+            .iter()
+            .all(|s| s.starts_with("exec websocket v")),
+        "{:?}",
+        stub.sessions()
     );
     stub.shutdown().await;
 }
