@@ -23,32 +23,32 @@ pub const KUBECONFIG_FILES: &[(&str, &str, &[&str])] = &[
 fn render(server: &str, user: &str, ca_pem: &str, cert: &str, key: &str) -> String {
     let q = |s: &str| serde_json_quote(s);
     let b = |s: &str| STANDARD.encode(s.as_bytes());
-    format!(
-        "apiVersion: v1\n\
-kind: Config\n\
-clusters:\n\
-- name: kubernetes\n\
-  cluster:\n\
-    server: {server}\n\
-    certificate-authority-data: {ca}\n\
-users:\n\
-- name: {user}\n\
-  user:\n\
-    client-certificate-data: {cert}\n\
-    client-key-data: {key}\n\
-contexts:\n\
-- name: {ctx}\n\
-  context:\n\
-    cluster: kubernetes\n\
-    user: {user}\n\
-current-context: {ctx}\n",
-        server = q(server),
-        ca = b(ca_pem),
-        user = q(user),
-        cert = b(cert),
-        key = b(key),
-        ctx = q(&format!("{user}@kubernetes")),
-    )
+    // Lines joined explicitly: a `\` line continuation in a literal would eat the
+    // indentation YAML depends on.
+    let ctx = q(&format!("{user}@kubernetes"));
+    let user = q(user);
+    [
+        "apiVersion: v1".to_string(),
+        "kind: Config".to_string(),
+        "clusters:".to_string(),
+        "- name: kubernetes".to_string(),
+        "  cluster:".to_string(),
+        format!("    server: {}", q(server)),
+        format!("    certificate-authority-data: {}", b(ca_pem)),
+        "users:".to_string(),
+        format!("- name: {user}"),
+        "  user:".to_string(),
+        format!("    client-certificate-data: {}", b(cert)),
+        format!("    client-key-data: {}", b(key)),
+        "contexts:".to_string(),
+        format!("- name: {ctx}"),
+        "  context:".to_string(),
+        "    cluster: kubernetes".to_string(),
+        format!("    user: {user}"),
+        format!("current-context: {ctx}"),
+        String::new(),
+    ]
+    .join("\n")
 }
 
 fn serde_json_quote(s: &str) -> String {
