@@ -330,7 +330,7 @@ async fn kubectl_1_32_speaks_websocket_through_the_proxy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn python_client_execs_over_websocket() {
+async fn python_client_execs_and_port_forwards_over_websocket() {
     let python = Path::new("/usr/bin/python3");
     assert!(
         python.is_file(),
@@ -373,6 +373,20 @@ out = stream(api.connect_get_namespaced_pod_exec, "py", "default",
              command=["echo", "hello", "from", "python"],
              stderr=True, stdin=False, stdout=True, tty=False)
 sys.stdout.write(out)
+
+from kubernetes.stream import portforward
+pf = portforward(api.connect_get_namespaced_pod_portforward, "py", "default", ports="8080")
+sock = pf.socket(8080)
+sock.setblocking(True)
+sock.sendall(b"ping over websocket port-forward")
+data = b""
+while len(data) < 32:
+    chunk = sock.recv(1024)
+    if not chunk:
+        break
+    data += chunk
+sys.stdout.write(data.decode() + "\n")
+pf.close()
 "#;
     let out = tokio::time::timeout(
         Duration::from_secs(60),
@@ -391,11 +405,21 @@ sys.stdout.write(out)
         "the kubernetes module is missing: apt-get install python3-kubernetes"
     );
     assert!(out.status.success(), "python exec failed: {stderr}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from python\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello from python\nping over websocket port-forward\n"
+    );
     assert!(
         stub.sessions()
             .iter()
             .any(|s| s.starts_with("exec websocket ")),
+        "{:?}",
+        stub.sessions()
+    );
+    assert!(
+        stub.sessions()
+            .iter()
+            .any(|s| s == "portForward websocket v4.channel.k8s.io"),
         "{:?}",
         stub.sessions()
     );
