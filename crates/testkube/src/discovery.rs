@@ -118,34 +118,6 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     }))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn core_list_has_pod_subresources() {
-        let l = resource_list("", "v1").unwrap();
-        let names: Vec<&str> = l["resources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["name"].as_str().unwrap())
-            .collect();
-        for n in [
-            "pods",
-            "pods/status",
-            "pods/log",
-            "pods/exec",
-            "nodes/status",
-            "secrets",
-        ] {
-            assert!(names.contains(&n), "{n} missing from {names:?}");
-        }
-        assert!(resource_list("nope", "v1").is_none());
-        assert!(group("apps").is_some());
-    }
-}
-
 fn gv_path(group: &str, version: &str) -> String {
     if group.is_empty() {
         format!("api/{version}")
@@ -220,4 +192,32 @@ pub fn openapi_v3_gv(group: &str, version: &str) -> Option<Value> {
         "paths": paths,
         "components": {"schemas": {}},
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_list_has_pod_subresources() {
+        let l = resource_list("", "v1").unwrap();
+        let names: Vec<&str> = l["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        for n in [
+            "pods",
+            "pods/status",
+            "pods/log",
+            "pods/exec",
+            "nodes/status",
+            "secrets",
+        ] {
+            assert!(names.contains(&n), "{n} missing from {names:?}");
+        }
+        assert!(resource_list("nope", "v1").is_none());
+        assert!(group("apps").is_some());
+    }
 }

@@ -151,3 +151,169 @@ async fn nodes_and_pods_basic_round_trip() {
     assert_eq!(writes[1].namespace.as_deref(), Some("default"));
     assert_eq!(writes[1].code, 201);
 }
+
+/// A raw request through a kube::Client's HTTPS stack, with kube's own retries of
+/// 429/503/504 turned off so the first answer is seen: (status, headers, JSON body).
+pub(crate) async fn raw(
+    s: &ApiServer,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+) -> (u16, http::HeaderMap, serde_json::Value) {
+    use http_body_util::BodyExt;
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", content_type)
+        .body(kube::client::Body::from(body))
+        .unwrap();
+    let mut cfg = s.config();
+    cfg.default_retry = false;
+    let client = kube::Client::try_from(cfg).unwrap();
+    let resp = client.send(req).await.unwrap();
+    let code = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (code, headers, v)
+}
+
+#[tokio::test]
+async fn generate_name_appends_a_five_character_suffix() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let c: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"generateName": "web-"}})).unwrap();
+    let a = api.create(&PostParams::default(), &c).await.unwrap();
+    let b = api.create(&PostParams::default(), &c).await.unwrap();
+    let (na, nb) = (a.metadata.name.unwrap(), b.metadata.name.unwrap());
+    assert!(na.starts_with("web-") && na.len() == 9, "{na}");
+    assert_ne!(na, nb);
+}
+
+#[tokio::test]
+async fn invalid_objects_are_422_with_causes() {
+    let s = ApiServer::start().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client(), "default");
+    let bad: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "Bad_Name"}, "spec": {"containers": [{"name": "c"}]}}),
+    )
+    .unwrap();
+    let st = api_err(pods.create(&PostParams::default(), &bad).await.unwrap_err());
+    assert_eq!((st.code, st.reason.as_str()), (422, "Invalid"));
+    let details = st.details.unwrap();
+    let fields: Vec<String> = details.causes.iter().map(|c| c.field.clone()).collect();
+    assert_eq!(fields, ["metadata.name", "spec.containers[0].image"]);
+    assert_eq!(details.causes[0].reason, "FieldValueInvalid");
+    // No name and no generateName.
+    let cms: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let st = api_err(
+        cms.create(&PostParams::default(), &ConfigMap::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(st.code, 422);
+    assert_eq!(
+        st.details.unwrap().causes[0].message,
+        "Required value: name or generateName is required"
+    );
+}
+
+#[tokio::test]
+async fn missing_objects_are_404_status_naming_the_resource() {
+    let s = ApiServer::start().await.unwrap();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(s.client(), "kube-node-lease");
+    let st = api_err(leases.get("n1").await.unwrap_err());
+    assert_eq!((st.code, st.reason.as_str()), (404, "NotFound"));
+    assert_eq!(st.message, "leases.coordination.k8s.io \"n1\" not found");
+    let d = st.details.unwrap();
+    assert_eq!(
+        (d.kind.as_str(), d.group.as_str(), d.name.as_str()),
+        ("leases", "coordination.k8s.io", "n1")
+    );
+}
+
+#[tokio::test]
+async fn name_mismatch_with_the_url_is_a_bad_request() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    let st = api_err(
+        api.replace("a", &PostParams::default(), &cm("b"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(st.code, 400);
+    assert_eq!(
+        st.message,
+        "the name of the object (b) does not match the name on the URL (a)"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_status_codes_not_panics() {
+    let s = ApiServer::start().await.unwrap();
+    let base = "/api/v1/namespaces/default/configmaps";
+    let (code, _, body) = raw(&s, "POST", base, "application/json", b"{not json".to_vec()).await;
+    assert_eq!(code, 400);
+    assert_eq!(body["kind"], "Status");
+    let (code, _, _) = raw(&s, "POST", base, "application/json", b"[1,2]".to_vec()).await;
+    assert_eq!(code, 400);
+    let (code, _, body) = raw(&s, "GET", "/api/v1/widgets", "", vec![]).await;
+    assert_eq!((code, body["reason"].as_str()), (404, Some("NotFound")));
+    let (code, _, _) = raw(&s, "GET", "/nonsense/path", "", vec![]).await;
+    assert_eq!(code, 404);
+    let (code, _, body) = raw(&s, "PUT", base, "application/json", b"{}".to_vec()).await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (405, Some("MethodNotAllowed"))
+    );
+    let huge = format!(
+        "{{\"metadata\":{{\"name\":\"big\"}},\"data\":{{\"k\":\"{}\"}}}}",
+        "x".repeat(4 * 1024 * 1024)
+    );
+    let (code, _, body) = raw(&s, "POST", base, "application/json", huge.into_bytes()).await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (413, Some("RequestEntityTooLarge"))
+    );
+    let (code, _, _) = raw(
+        &s,
+        "GET",
+        "/api/v1/pods?labelSelector=a%20in%20b",
+        "",
+        vec![],
+    )
+    .await;
+    assert_eq!(code, 400);
+    // The server still answers after all that.
+    let (code, _, _) = raw(&s, "GET", base, "", vec![]).await;
+    assert_eq!(code, 200);
+}
+
+#[tokio::test]
+async fn list_pages_with_limit_and_continue() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    for i in 0..7 {
+        api.create(&PostParams::default(), &cm(&format!("c{i}")))
+            .await
+            .unwrap();
+    }
+    let mut names = Vec::new();
+    let mut lp = ListParams::default().limit(3);
+    let mut pages = 0;
+    loop {
+        let page = api.list(&lp).await.unwrap();
+        pages += 1;
+        names.extend(page.items.into_iter().map(|c| c.metadata.name.unwrap()));
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => lp = ListParams::default().limit(3).continue_token(&c),
+            _ => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(names, ["c0", "c1", "c2", "c3", "c4", "c5", "c6"]);
+}

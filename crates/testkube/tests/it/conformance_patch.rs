@@ -1,0 +1,231 @@
+//! PATCH content types and selectors.
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use testkube::ApiServer;
+
+use crate::conformance::{cm, node, pod, raw};
+
+#[tokio::test]
+async fn merge_patch_sets_and_removes_fields() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    let got = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"data": {"k": null, "n": "1"}, "metadata": {"labels": {"x": "y"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        got.data.unwrap(),
+        [("n".to_string(), "1".to_string())].into()
+    );
+    assert_eq!(got.metadata.labels.unwrap()["x"], "y");
+}
+
+#[tokio::test]
+async fn json_patch_applies_operations_and_test_failures_are_errors() {
+    let s = ApiServer::start().await.unwrap();
+    let nodes: Api<Node> = Api::all(s.client());
+    nodes
+        .create(&PostParams::default(), &node("n1"))
+        .await
+        .unwrap();
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/spec/unschedulable", "value": true},
+        {"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]))
+    .unwrap();
+    let got = nodes
+        .patch("n1", &PatchParams::default(), &Patch::<()>::Json(ops))
+        .await
+        .unwrap();
+    assert_eq!(got.spec.unwrap().unschedulable, Some(true));
+    let failing: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/spec/unschedulable", "value": false}]))
+    .unwrap();
+    match nodes
+        .patch("n1", &PatchParams::default(), &Patch::<()>::Json(failing))
+        .await
+    {
+        Err(kube::Error::Api(st)) => assert_eq!(st.code, 422),
+        other => panic!("a failed test op is an error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn strategic_merge_patch_merges_node_addresses_by_type() {
+    let s = ApiServer::start().await.unwrap();
+    let nodes: Api<Node> = Api::all(s.client());
+    let n: Node =
+        serde_json::from_value(json!({"metadata": {"name": "n1"}, "status": {"addresses": [
+        {"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": "n1"}]}}))
+        .unwrap();
+    nodes.create(&PostParams::default(), &n).await.unwrap();
+    let got = nodes
+        .patch_status(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.5"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let addrs: Vec<(String, String)> = got
+        .status
+        .unwrap()
+        .addresses
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.type_, a.address))
+        .collect();
+    assert_eq!(
+        addrs,
+        [
+            ("InternalIP".into(), "127.0.0.5".into()),
+            ("Hostname".into(), "n1".into())
+        ]
+    );
+    // A merge patch replaces the whole list instead.
+    let got = nodes
+        .patch_status(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.6"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(got.status.unwrap().addresses.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn patch_with_a_stale_resource_version_conflicts() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let a = api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    let rv = a.metadata.resource_version.unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "2"}})),
+    )
+    .await
+    .unwrap();
+    match api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"resourceVersion": rv}, "data": {"k": "3"}})),
+        )
+        .await
+    {
+        Err(kube::Error::Api(st)) => assert_eq!((st.code, st.reason.as_str()), (409, "Conflict")),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn unsupported_patch_types_are_415() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    let (code, _, body) = raw(
+        &s,
+        "PATCH",
+        "/api/v1/namespaces/default/configmaps/a",
+        "application/apply-patch+yaml",
+        b"data: {}".to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (415, Some("UnsupportedMediaType"))
+    );
+}
+
+#[tokio::test]
+async fn label_selectors_filter_lists() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    for (name, app) in [("a", Some("web")), ("b", Some("db")), ("c", None)] {
+        let mut c = cm(name);
+        if let Some(app) = app {
+            c.metadata.labels = Some([("app".to_string(), app.to_string())].into());
+        }
+        api.create(&PostParams::default(), &c).await.unwrap();
+    }
+    let names = |sel: &'static str| {
+        let api = api.clone();
+        async move {
+            api.list(&ListParams::default().labels(sel))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|c| c.metadata.name.unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(names("app=web").await, ["a"]);
+    assert_eq!(names("app==db").await, ["b"]);
+    assert_eq!(names("app!=web").await, ["b", "c"]);
+    assert_eq!(names("app in (web,db)").await, ["a", "b"]);
+    assert_eq!(names("app notin (web)").await, ["b", "c"]);
+    assert_eq!(names("app").await, ["a", "b"]);
+    assert_eq!(names("!app").await, ["c"]);
+}
+
+#[tokio::test]
+async fn field_selectors_on_node_name_and_metadata_name() {
+    let s = ApiServer::start().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client(), "default");
+    pods.create(&PostParams::default(), &pod("a", Some("n1")))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod("b", Some("n2")))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod("c", None))
+        .await
+        .unwrap();
+    let all: Api<Pod> = Api::all(s.client());
+    let names = |sel: &'static str| {
+        let all = all.clone();
+        async move {
+            all.list(&ListParams::default().fields(sel))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|c| c.metadata.name.unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(names("spec.nodeName=n1").await, ["a"]);
+    assert_eq!(names("spec.nodeName=").await, ["c"]);
+    assert_eq!(names("spec.nodeName!=n1").await, ["b", "c"]);
+    assert_eq!(names("metadata.name=b").await, ["b"]);
+    assert_eq!(
+        names("status.phase=Pending,metadata.namespace=default").await,
+        ["a", "b", "c"]
+    );
+    match all
+        .list(&ListParams::default().fields("spec.bogus=x"))
+        .await
+    {
+        Err(kube::Error::Api(st)) => {
+            assert_eq!(st.code, 400);
+            assert_eq!(st.message, "field label not supported: spec.bogus");
+        }
+        other => panic!("expected 400, got {other:?}"),
+    }
+}
