@@ -1,14 +1,341 @@
-//! `stratum-server certs ...`.
+//! `stratum-server certs ...`: create the cluster PKI and report its expiry.
 
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
 
 /// `stratum-server certs` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Not built yet.
-    Todo,
+    /// Create the shared control-plane material (CAs, service-account key pair), this
+    /// node's leaf certificates and the admin, controller-manager and scheduler
+    /// kubeconfigs. Refuses to replace any existing key unless --force is given.
+    Generate(GenerateArgs),
+    /// Report every certificate's expiry (and the shared certificate-key's age); exits
+    /// non-zero when any certificate expires within --warn-within or cannot be read.
+    Check(CheckArgs),
 }
 
-pub async fn run(_cmd: Command) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("stratum-server certs is not built yet")
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// A table for a person.
+    Table,
+    /// One JSON object, for scripts.
+    Json,
+}
+
+/// `stratum-server certs generate`.
+#[derive(Debug, clap::Args)]
+pub struct GenerateArgs {
+    /// The PKI directory (kubeadm's layout: ca.crt, etcd/ca.crt, ...).
+    #[arg(long, default_value = pki::DEFAULT_PKI_DIR)]
+    pub pki_dir: PathBuf,
+    /// The cluster VIP: an extra apiserver SAN, and the kubeconfigs' server.
+    #[arg(long)]
+    pub vip: Option<IpAddr>,
+    /// This node's name (default: the host name).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// This node's address: an apiserver and etcd SAN.
+    #[arg(long)]
+    pub node_ip: Option<IpAddr>,
+    /// The `kubernetes` Service's cluster IP (first address of the service range).
+    #[arg(long, default_value = "10.43.0.1")]
+    pub service_ip: IpAddr,
+    /// More apiserver SANs, DNS names or IPs (repeatable).
+    #[arg(long = "apiserver-san")]
+    pub apiserver_sans: Vec<String>,
+    /// Only issue this node's leaves and kubeconfigs from the CAs already in --pki-dir
+    /// (a joining control plane, after it downloaded the shared certs).
+    #[arg(long)]
+    pub leaves_only: bool,
+    /// Where the kubeconfigs go (default: the parent of --pki-dir, /etc/kubernetes).
+    #[arg(long)]
+    pub kubeconfig_dir: Option<PathBuf>,
+    /// The API server URL the kubeconfigs point at (default: https://<vip, else node IP,
+    /// else 127.0.0.1>:6443).
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Replace existing keys and certificates. Anything issued from a replaced CA stops
+    /// verifying: every node must get the new material.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `stratum-server certs check`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The PKI directory.
+    #[arg(long, default_value = pki::DEFAULT_PKI_DIR)]
+    pub pki_dir: PathBuf,
+    /// Fail when a certificate expires within this long (e.g. 30d, 12h).
+    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]
+    pub warn_within: Duration,
+    /// An admin kubeconfig: also report when the shared certificate-key (the grant
+    /// Secret's) was last set. Without it the key's age is not checked.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Fail when the shared certificate-key is older than this (default: report only).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub key_max_age: Option<Duration>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Command::Generate(args) => generate(args),
+        Command::Check(args) => check(args).await,
+    }
+}
+
+fn host_name() -> anyhow::Result<String> {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .context("cannot read the host name: pass --node-name")?;
+    let name = raw.trim().to_lowercase();
+    anyhow::ensure!(!name.is_empty(), "the host name is empty: pass --node-name");
+    Ok(name)
+}
+
+fn generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
+    let node_name = match args.node_name.clone() {
+        Some(n) => n,
+        None => host_name()?,
+    };
+    let mut node = pki::NodeIdentity::new(node_name);
+    node.node_ip = args.node_ip;
+    node.vip = args.vip;
+    node.service_ip = args.service_ip;
+    node.extra_sans = args.apiserver_sans.clone();
+    let kubeconfig_dir = args.kubeconfig_dir.clone().unwrap_or_else(|| {
+        args.pki_dir
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."))
+    });
+    let server = args.server.clone().unwrap_or_else(|| {
+        let host = args
+            .vip
+            .or(args.node_ip)
+            .map(|ip| match ip {
+                IpAddr::V6(v6) => format!("[{v6}]"),
+                v4 => v4.to_string(),
+            })
+            .unwrap_or_else(|| "127.0.0.1".into());
+        format!("https://{host}:6443")
+    });
+
+    // Refuse before writing anything: a run that wrote the CAs and then refused a leaf
+    // would leave a PKI nobody asked for.
+    if !args.force {
+        let mut keys: Vec<PathBuf> = Vec::new();
+        if !args.leaves_only {
+            keys.extend(
+                pki::SHARED_FILES
+                    .iter()
+                    .filter(|f| pki::is_private(f))
+                    .map(|f| args.pki_dir.join(f)),
+            );
+        }
+        keys.extend(
+            pki::node_leaf_files()
+                .iter()
+                .filter(|f| pki::is_private(f))
+                .map(|f| args.pki_dir.join(f)),
+        );
+        keys.extend(
+            pki::KUBECONFIG_FILES
+                .iter()
+                .map(|(f, _, _)| kubeconfig_dir.join(f)),
+        );
+        if let Some(existing) = keys.iter().find(|p| p.exists()) {
+            anyhow::bail!(
+                "refusing to overwrite existing key {}: pass --force to replace it{}; nothing was written",
+                existing.display(),
+                if args.leaves_only {
+                    ""
+                } else {
+                    ", or --leaves-only to keep the shared CAs and issue only this node's leaves"
+                }
+            );
+        }
+    }
+
+    let mut written = Vec::new();
+    if !args.leaves_only {
+        written.extend(pki::generate_shared(&args.pki_dir, args.force)?);
+    }
+    written.extend(pki::issue_node_leaves(&args.pki_dir, &node, args.force)?);
+    written.extend(pki::write_kubeconfigs(
+        &args.pki_dir,
+        &kubeconfig_dir,
+        &server,
+        args.force,
+    )?);
+    let ca_pem = std::fs::read(args.pki_dir.join("ca.crt"))?;
+    for path in &written {
+        println!("wrote {}", path.display());
+    }
+    println!("CA hash pin: {}", pki::ca_cert_hash(&ca_pem)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn human(secs: i64) -> String {
+    let (sign, s) = if secs < 0 { ("-", -secs) } else { ("", secs) };
+    if s >= 86400 {
+        format!("{sign}{}d", s / 86400)
+    } else if s >= 3600 {
+        format!("{sign}{}h", s / 3600)
+    } else {
+        format!("{sign}{}m", s / 60)
+    }
+}
+
+/// The shared certificate-key's state, as `certs check` reports it.
+#[derive(Debug)]
+enum KeyAge {
+    /// No --kubeconfig: not asked.
+    NotChecked,
+    /// No grant Secret: nothing published.
+    NotPublished,
+    /// Set this long ago.
+    Set { set_at: String, age_secs: i64 },
+    /// The API could not be asked.
+    Error { error: String },
+}
+
+impl KeyAge {
+    fn to_json(&self) -> serde_json::Value {
+        match self {
+            KeyAge::NotChecked => serde_json::json!({ "state": "not_checked" }),
+            KeyAge::NotPublished => serde_json::json!({ "state": "not_published" }),
+            KeyAge::Set { set_at, age_secs } => {
+                serde_json::json!({ "state": "set", "set_at": set_at, "age_secs": age_secs })
+            }
+            KeyAge::Error { error } => serde_json::json!({ "state": "error", "error": error }),
+        }
+    }
+}
+
+async fn key_age(kubeconfig: Option<&Path>, now: SystemTime) -> KeyAge {
+    let Some(path) = kubeconfig else {
+        return KeyAge::NotChecked;
+    };
+    let client = match ha::grants::client_from_kubeconfig(path).await {
+        Ok(c) => c,
+        Err(e) => {
+            return KeyAge::Error {
+                error: e.to_string(),
+            };
+        }
+    };
+    match ha::grants::shared_certs_key_set_at(&client).await {
+        Ok(None) => KeyAge::NotPublished,
+        Ok(Some(at)) => {
+            let now: chrono::DateTime<chrono::Utc> = now.into();
+            KeyAge::Set {
+                set_at: at.to_rfc3339(),
+                age_secs: (now - at).num_seconds(),
+            }
+        }
+        Err(e) => KeyAge::Error {
+            error: e.to_string(),
+        },
+    }
+}
+
+async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let now = SystemTime::now();
+    let report = pki::check(&args.pki_dir, now)?;
+    let key = key_age(args.kubeconfig.as_deref(), now).await;
+    let attention = report.attention(args.warn_within);
+    let key_failed = match &key {
+        KeyAge::Error { .. } => true,
+        KeyAge::Set { age_secs, .. } => args
+            .key_max_age
+            .is_some_and(|max| *age_secs > max.as_secs() as i64),
+        _ => false,
+    };
+    let ok = attention.is_empty() && !key_failed && !report.certs.is_empty();
+
+    match args.output {
+        Output::Json => {
+            let out = serde_json::json!({
+                "pki_dir": args.pki_dir,
+                "warn_within_secs": args.warn_within.as_secs(),
+                "certificates": report.certs,
+                "certificate_key": key.to_json(),
+                "ok": ok,
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        Output::Table => {
+            println!(
+                "{:<44} {:<32} {:>9}  STATUS",
+                "CERTIFICATE", "EXPIRES", "LEFT"
+            );
+            for c in &report.certs {
+                let rel = c.path.strip_prefix(&args.pki_dir).unwrap_or(&c.path);
+                let status = match (&c.error, c.remaining_secs) {
+                    (Some(e), _) => format!("UNREADABLE: {e}"),
+                    (None, Some(left)) if left <= 0 => "EXPIRED".into(),
+                    (None, Some(_)) if c.needs_attention(args.warn_within) => "EXPIRING".into(),
+                    _ => "ok".into(),
+                };
+                println!(
+                    "{:<44} {:<32} {:>9}  {status}",
+                    rel.display(),
+                    c.not_after,
+                    c.remaining_secs.map(human).unwrap_or_default()
+                );
+            }
+            match &key {
+                KeyAge::NotChecked => println!(
+                    "\ncertificate-key: not checked (pass --kubeconfig with admin rights to report its age)"
+                ),
+                KeyAge::NotPublished => {
+                    println!("\ncertificate-key: no grant Secret published")
+                }
+                KeyAge::Set { set_at, age_secs } => println!(
+                    "\ncertificate-key: set {set_at} ({} ago){}",
+                    human(*age_secs),
+                    if key_failed {
+                        "  TOO OLD: rotate it"
+                    } else {
+                        ""
+                    }
+                ),
+                KeyAge::Error { error } => {
+                    println!("\ncertificate-key: could not ask the API server: {error}")
+                }
+            }
+        }
+    }
+    if report.certs.is_empty() {
+        eprintln!(
+            "no certificates found under {}: wrong --pki-dir?",
+            args.pki_dir.display()
+        );
+    }
+    for c in &attention {
+        match &c.error {
+            Some(e) => eprintln!("{}: unreadable: {e}", c.path.display()),
+            None => eprintln!(
+                "{}: expires {} (within {})",
+                c.path.display(),
+                c.not_after,
+                humantime::format_duration(args.warn_within)
+            ),
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

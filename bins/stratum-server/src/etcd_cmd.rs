@@ -1,14 +1,160 @@
-//! `stratum-server etcd ...`.
+//! `stratum-server etcd ...`: etcd cluster health and membership.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use ha::etcd::{self, EtcdError, EtcdOptions, EtcdTls};
 
 /// `stratum-server etcd` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Not built yet.
-    Todo,
+    /// Check that every given member answers, knows a leader, raises no alarm, and that
+    /// all name the same leader. Exits non-zero otherwise, naming each failing member.
+    Health(Args),
+    /// List the cluster's members (learners and not-yet-started members included).
+    Members(Args),
 }
 
-pub async fn run(_cmd: Command) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("stratum-server etcd is not built yet")
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// A table for a person.
+    Table,
+    /// One JSON object, for scripts.
+    Json,
+}
+
+/// Flags shared by the etcd commands.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// etcd client URLs, comma-separated (e.g. https://10.0.0.1:2379,https://10.0.0.2:2379).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required = true,
+        env = "STRATUM_ETCD_ENDPOINTS"
+    )]
+    pub endpoints: Vec<String>,
+    /// The etcd CA certificate (e.g. /etc/kubernetes/pki/etcd/ca.crt).
+    #[arg(long, requires_all = ["cert", "key"])]
+    pub cacert: Option<PathBuf>,
+    /// A client certificate the etcd CA issued (e.g. .../etcd/healthcheck-client.crt).
+    #[arg(long, requires_all = ["cacert", "key"])]
+    pub cert: Option<PathBuf>,
+    /// Its key.
+    #[arg(long, requires_all = ["cacert", "cert"])]
+    pub key: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+impl Args {
+    fn options(&self) -> EtcdOptions {
+        let tls = match (&self.cacert, &self.cert, &self.key) {
+            (Some(ca), Some(cert), Some(key)) => Some(EtcdTls::from_paths(ca, cert, key)),
+            _ => None,
+        };
+        EtcdOptions::with_tls(tls)
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.endpoints
+            .iter()
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty())
+            .collect()
+    }
+}
+
+pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Command::Health(args) => health(args).await,
+        Command::Members(args) => members(args).await,
+    }
+}
+
+fn leader_text(l: Option<u64>) -> String {
+    l.map(|l| format!("{l:x}")).unwrap_or_else(|| "none".into())
+}
+
+async fn health(args: Args) -> anyhow::Result<ExitCode> {
+    let endpoints = args.endpoints();
+    let result = etcd::etcd_cluster_healthy(&args.options(), &endpoints).await;
+    let (answers, problems, leader) = match &result {
+        Ok(h) => (h.members.clone(), Vec::new(), Some(h.leader)),
+        Err(EtcdError::Unhealthy { problems, answers }) => {
+            (answers.clone(), problems.clone(), None)
+        }
+        Err(other) => anyhow::bail!("{other}"),
+    };
+    match args.output {
+        Output::Json => {
+            let out = serde_json::json!({
+                "healthy": result.is_ok(),
+                "leader": leader.map(|l| format!("{l:x}")),
+                "members": answers,
+                "problems": problems,
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        Output::Table => {
+            println!(
+                "{:<32} {:>17} {:>17} {:>6} {:<9} {:<7} STATUS",
+                "ENDPOINT", "MEMBER", "LEADER", "TERM", "VERSION", "LEARNER"
+            );
+            for a in &answers {
+                let status = match (&a.error, a.healthy()) {
+                    (Some(e), _) => format!("no answer: {e}"),
+                    (None, true) => "ok".into(),
+                    (None, false) if a.leader.is_none() => "no leader".into(),
+                    (None, false) => format!("alarms: {}", a.alarms.join(", ")),
+                };
+                println!(
+                    "{:<32} {:>17} {:>17} {:>6} {:<9} {:<7} {status}",
+                    a.endpoint,
+                    a.member_id.map(|m| format!("{m:x}")).unwrap_or_default(),
+                    leader_text(a.leader),
+                    a.raft_term,
+                    a.version,
+                    a.is_learner,
+                );
+            }
+        }
+    }
+    if problems.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    for p in &problems {
+        eprintln!("unhealthy: {p}");
+    }
+    Ok(ExitCode::FAILURE)
+}
+
+async fn members(args: Args) -> anyhow::Result<ExitCode> {
+    let (endpoint, members) = etcd::member_list_via(&args.options(), &args.endpoints()).await?;
+    match args.output {
+        Output::Json => {
+            let out = serde_json::json!({ "answered_by": endpoint, "members": members });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        Output::Table => {
+            println!(
+                "{:>17} {:<16} {:<8} {:<8} {:<32} CLIENT URLS",
+                "ID", "NAME", "STARTED", "LEARNER", "PEER URLS"
+            );
+            for m in &members {
+                println!(
+                    "{:>17} {:<16} {:<8} {:<8} {:<32} {}",
+                    format!("{:x}", m.id),
+                    if m.name.is_empty() { "-" } else { &m.name },
+                    m.started(),
+                    m.is_learner,
+                    m.peer_urls.join(","),
+                    m.client_urls.join(",")
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -254,10 +254,23 @@ fn classify(err: &etcd_client::Error) -> CallError {
         }
         _ => ErrorClass::Answered,
     };
-    let reason = match err {
+    let mut reason = match err {
         etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
         other => other.to_string(),
     };
+    // tonic's "tcp connect error" alone does not say refused vs unroutable vs TLS: append
+    // the causes.
+    let mut source = match err {
+        etcd_client::Error::GRpcStatus(s) => std::error::Error::source(s),
+        other => std::error::Error::source(other),
+    };
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !reason.contains(&text) {
+            reason = format!("{reason}: {text}");
+        }
+        source = cause.source();
+    }
     CallError { class, reason }
 }
 
