@@ -331,6 +331,7 @@ where
 {
     let api: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
     let encryption_config = request.files.get(ENCRYPTION_CONFIG_FILE);
+    let mut reader_granted = false;
     for attempt in 1..=MAX_WRITE_ATTEMPTS {
         let observed = api
             .get_opt(SECRET_NAME)
@@ -378,6 +379,12 @@ where
             .map(|id| grant_entry_name(&id))
             .filter(|e| !desired.data.as_ref().is_some_and(|d| d.contains_key(e)))
             .collect();
+        // The reader grant goes before the Secret it lets joiners read, but only once the
+        // publication is known to fit: a refused upload writes nothing at all.
+        if !reader_granted {
+            grant_certs_reader(client).await?;
+            reader_granted = true;
+        }
         // Last thing before the write, on every attempt: a fence lost while the reads above
         // stalled must stop this write, not the next one.
         confirm()
@@ -437,7 +444,6 @@ where
     Fut: Future<Output = Result<(), BoxError>>,
 {
     disk::validate_files(&grant_entry_name(&owner.token_id), files)?;
-    grant_certs_reader(client).await?;
     publish(
         client,
         PublishRequest {
@@ -480,7 +486,6 @@ where
     Fut: Future<Output = Result<(), BoxError>>,
 {
     let files = read_bundle_files(pki_dir)?;
-    grant_certs_reader(client).await?;
     publish(
         client,
         PublishRequest {

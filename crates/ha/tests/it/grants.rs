@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -153,13 +153,55 @@ async fn two_concurrent_grants_each_open_their_own_entry() -> anyhow::Result<()>
     );
     let (key_a, key_b) = (CertKey::generate(), CertKey::generate());
 
-    // Both mints race on the one Secret: the loser conflicts, re-reads and appends.
+    // Both mints race on the one Secret: each reads, then waits for the other to have read
+    // before its first write, so one of them must lose, re-read and append.
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let racing = |key: CertKey, minted: MintedToken| {
+        let barrier = barrier.clone();
+        let first = Arc::new(AtomicBool::new(true));
+        let client = client.clone();
+        let files = files.clone();
+        async move {
+            grants::upload_certs(
+                &client,
+                &key,
+                &GrantOwner::from(&minted),
+                &files,
+                &UploadProfile::default(),
+                move || {
+                    let barrier = barrier.clone();
+                    let first = first.swap(false, Ordering::SeqCst);
+                    async move {
+                        if first {
+                            barrier.wait().await;
+                        }
+                        Ok::<(), BoxError>(())
+                    }
+                },
+            )
+            .await
+        }
+    };
+    server.clear_requests();
     let (ra, rb) = tokio::join!(
-        upload(&client, &key_a, &a, &files),
-        upload(&client, &key_b, &b, &files)
+        racing(key_a.clone(), a.clone()),
+        racing(key_b.clone(), b.clone())
     );
     ra?;
     rb?;
+    let writes: Vec<_> = secret_writes(&server)
+        .into_iter()
+        .map(|r| (r.verb, r.code))
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            ("create".to_string(), 201),
+            ("create".to_string(), 409),
+            ("update".to_string(), 200)
+        ],
+        "one create wins, the other conflicts and updates from a fresh read"
+    );
 
     let secret = grant_secret(&client)
         .await?
@@ -184,8 +226,8 @@ async fn two_concurrent_grants_each_open_their_own_entry() -> anyhow::Result<()>
         let profile = grants::download_certs(&kubeconfig, target.path(), key, accept).await?;
         assert_eq!(profile.entry, grants::grant_entry_name(minted.token.id()));
         assert!(!profile.legacy);
-        assert_eq!(profile.vip.as_deref(), Some("10.0.0.100"));
-        assert_eq!(profile.etcd_endpoints, ["https://10.0.0.1:2379"]);
+        assert_eq!(profile.vip, None);
+        assert!(profile.etcd_endpoints.is_empty());
         assert!(!profile.carries_encryption_key);
         assert!(profile.generation >= 1);
         for (rel, bytes) in &files {
@@ -561,8 +603,24 @@ async fn a_refusing_confirm_or_an_oversized_grant_writes_nothing() -> anyhow::Re
     let client = server.client();
     let (_pki, files) = shared_pki()?;
 
-    // First publication, confirm refuses: no Secret at all.
+    // A first grant too big for the Secret on its own: refused before any write at all,
+    // the reader RBAC included.
     let a = mint(&client, Duration::from_secs(3600)).await?;
+    server.clear_requests();
+    let mut huge = files.clone();
+    huge.insert("ca.crt".into(), vec![b'c'; 400 * 1024]);
+    let err = upload(&client, &CertKey::generate(), &a, &huge)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, GrantError::Budget(_)), "{err}");
+    let writes: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_write())
+        .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+
+    // First publication, confirm refuses: no Secret at all.
     server.clear_requests();
     let err = grants::upload_certs(
         &client,
@@ -733,6 +791,9 @@ async fn key_proof_and_key_age_answer_from_the_secret() -> anyhow::Result<()> {
     let target = tempfile::tempdir()?;
     let profile = grants::download_certs(&kubeconfig, target.path(), &key, accept).await?;
     assert!(profile.carries_encryption_key);
+    assert_eq!(profile.vip.as_deref(), Some("10.0.0.100"));
+    assert_eq!(profile.etcd_endpoints, ["https://10.0.0.1:2379"]);
+    assert_eq!(profile.generation, 1);
     let path = target.path().join(grants::ENCRYPTION_CONFIG_FILE);
     assert_eq!(std::fs::read(&path)?, config);
     assert_eq!(
