@@ -711,3 +711,96 @@ async fn kube_rs_exec_reaches_the_stub_over_websocket() {
     );
     stub.shutdown().await;
 }
+
+/// The API server's builder settings reach the proxy: address-type order, kubelet CA,
+/// and the loopback-only default.
+#[tokio::test]
+async fn api_server_kubelet_settings_reach_the_proxy() {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{Api, LogParams, PostParams};
+
+    let (ca, ca_key) = generate_ca("kubelet-ca").unwrap();
+    let (other, other_key) = generate_ca("another-ca").unwrap();
+    let trusted = StubKubelet::builder()
+        .name("trusted")
+        .serving_ca(&ca, &ca_key)
+        .start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let untrusted = StubKubelet::builder()
+        .name("untrusted")
+        .serving_ca(&other, &other_key)
+        .start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let server = testkube::ApiServer::builder()
+        .kubelet_ca(ca.clone().into_bytes())
+        .preferred_address_types(vec!["ExternalIP".into(), "InternalIP".into()])
+        .start()
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(server.client());
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    // ExternalIP is preferred: the InternalIP (the untrusted stub) must not be used.
+    let mk_node = |name: &str, addresses: Value, port: u16| -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {
+                "addresses": addresses,
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
+            },
+        }))
+        .unwrap()
+    };
+    for node in [
+        mk_node(
+            "good",
+            json!([{"type": "InternalIP", "address": "127.0.0.2"},
+                   {"type": "ExternalIP", "address": "127.0.0.1"}]),
+            trusted.addr().port(),
+        ),
+        mk_node(
+            "bad",
+            json!([{"type": "InternalIP", "address": "127.0.0.1"}]),
+            untrusted.addr().port(),
+        ),
+        mk_node(
+            "far",
+            json!([{"type": "InternalIP", "address": "10.0.0.5"}]),
+            trusted.addr().port(),
+        ),
+    ] {
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+    }
+    for (pod, node) in [("on-good", "good"), ("on-bad", "bad"), ("on-far", "far")] {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": pod},
+            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "x"}]},
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let logs = pods.logs("on-good", &LogParams::default()).await.unwrap();
+    assert_eq!(logs, trusted.default_log("default", "on-good", "app"));
+
+    let err = pods
+        .logs("on-bad", &LogParams::default())
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("tls: failed to verify certificate"), "{msg}");
+    assert!(untrusted.requests().is_empty());
+
+    let connections_before = trusted.connections();
+    let err = pods
+        .logs("on-far", &LogParams::default())
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("not dialed"), "{msg}");
+    assert_eq!(trusted.connections(), connections_before);
+
+    trusted.shutdown().await;
+    untrusted.shutdown().await;
+    server.shutdown().await;
+}
