@@ -51,6 +51,12 @@ const BENCHES: &[(&str, &str, &str, &str)] = &[
         "nodeaddr",
         "reconciler passes and event-to-repair latency, 5,000 nodes, against a plain LIST",
     ),
+    (
+        "etcd",
+        "ha",
+        "etcd",
+        "member add to healthy and a 3-member health check on real etcd, against one status call",
+    ),
 ];
 
 fn main() -> ExitCode {
