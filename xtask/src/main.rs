@@ -52,6 +52,12 @@ const BENCHES: &[(&str, &str, &str, &str)] = &[
         "reconciler passes and event-to-repair latency, 5,000 nodes, against a plain LIST",
     ),
     (
+        "hostnode",
+        "hostnode",
+        "hostnode",
+        "parse + plan a 100,000-line mount table against read/split; unmount 1,000 mounts in a namespace",
+    ),
+    (
         "etcd",
         "ha",
         "etcd",
