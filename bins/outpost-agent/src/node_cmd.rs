@@ -288,11 +288,17 @@ fn exit_failed(command: &str, err: PhaseError, note: &str) -> anyhow::Result<Exi
 async fn up(node: &Node) -> anyhow::Result<ExitCode> {
     let goal = OnceLock::new();
     let applied = OnceLock::new();
+    let was_running = OnceLock::new();
     let tasks = vec![
         resolve_task(node, &goal),
+        check_running_task(node, &goal, &was_running),
         configure_task(node, &goal, &applied),
         daemon_reload_task(node, &applied),
         func("unmount-stale-pod-volumes", || async {
+            if *get(&was_running, "whether the stack runs")? {
+                // Those are the running pods' volumes, not stale ones.
+                return Ok::<_, BoxError>(());
+            }
             // What a previous stack left below the kubelet directory; the directory's
             // own mount stays, since the new pods' mounts propagate through it.
             let dir = node.root().kubelet_dir();
@@ -308,7 +314,7 @@ async fn up(node: &Node) -> anyhow::Result<ExitCode> {
         func("start", || async {
             let g = get(&goal, "the goal state")?;
             let a = get(&applied, "the configuration change")?;
-            if node.running(g).await? {
+            if *get(&was_running, "whether the stack runs")? {
                 // Already up: a start would not reread the configuration.
                 hostnode::restart_changed(&a.units, true, |unit| async move {
                     node.systemctl(&["restart", &unit]).await
@@ -328,6 +334,23 @@ async fn up(node: &Node) -> anyhow::Result<ExitCode> {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => exit_failed("up", e, ""),
     }
+}
+
+fn check_running_task<'a>(
+    node: &'a Node,
+    goal: &'a OnceLock<MachineGoalState>,
+    was_running: &'a OnceLock<bool>,
+) -> Task<'a> {
+    func("check-running", move || async move {
+        let g = get(goal, "the goal state")?;
+        let running = node.running(g).await?;
+        println!(
+            "node: stack {}",
+            if running { "running" } else { "not running" }
+        );
+        set(was_running, running);
+        Ok::<_, BoxError>(())
+    })
 }
 
 async fn down(node: &Node) -> anyhow::Result<ExitCode> {
@@ -427,16 +450,7 @@ async fn upgrade(node: &Node) -> anyhow::Result<ExitCode> {
             Ok::<_, BoxError>(())
         }),
         resolve_task(node, &goal),
-        func("check-running", || async {
-            let g = get(&goal, "the goal state")?;
-            let running = node.running(g).await?;
-            println!(
-                "node upgrade: stack {}",
-                if running { "running" } else { "not running" }
-            );
-            set(&was_running, running);
-            Ok::<_, BoxError>(())
-        }),
+        check_running_task(node, &goal, &was_running),
         func("snapshot", || async {
             let g = get(&goal, "the goal state")?;
             let mut paths = configure::default_shared_paths();
