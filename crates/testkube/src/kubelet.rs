@@ -41,7 +41,13 @@ use crate::body::{Body, full};
 use streams::{EXEC_PROTOCOLS, ExecRequest, PORT_FORWARD_PROTOCOL, negotiate};
 
 /// WebSocket subprotocols the stub accepts for port-forward.
-const WS_PORT_FORWARD_PROTOCOLS: &[&str] = &["v4.channel.k8s.io", "portforward.k8s.io"];
+const WS_PORT_FORWARD_PROTOCOLS: &[&str] = &[
+    TUNNELED_PORT_FORWARD_PROTOCOL,
+    "v4.channel.k8s.io",
+    "portforward.k8s.io",
+];
+/// SPDY port-forward tunnelled in WebSocket, as kubectl 1.31+ offers first.
+const TUNNELED_PORT_FORWARD_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
 
 /// Configuration for a [`StubKubelet`].
 #[derive(Debug, Clone, Default)]
@@ -711,9 +717,6 @@ fn upgrade_port_forward(
         Some(Upgrade::WebSocket) => {
             let offered = header_list(req.headers(), header::SEC_WEBSOCKET_PROTOCOL);
             let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
-            // kubectl 1.31+ first tries SPDY tunnelled in WebSocket
-            // (`SPDY/3.1+portforward.k8s.io`); refusing the upgrade makes it fall back
-            // to plain SPDY, which is what a kubelet without the tunnel does too.
             let Some(protocol) = negotiate(&offered, WS_PORT_FORWARD_PROTOCOLS) else {
                 return text(
                     StatusCode::BAD_REQUEST,
@@ -722,7 +725,7 @@ fn upgrade_port_forward(
                     ),
                 );
             };
-            if ports.is_empty() {
+            if ports.is_empty() && protocol != TUNNELED_PORT_FORWARD_PROTOCOL {
                 return text(
                     StatusCode::BAD_REQUEST,
                     "query parameter \"port\" is required",
@@ -732,13 +735,19 @@ fn upgrade_port_forward(
                 return text(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
             };
             state.record_session("portForward", "websocket", protocol);
+            let tunnelled = protocol == TUNNELED_PORT_FORWARD_PROTOCOL;
+            let protocol = protocol.to_string();
             spawn_session(&state, async move {
                 let io = TokioIo::new(on_upgrade.await?);
                 let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
-                streams::ws_port_forward(ws, ports).await?;
+                if tunnelled {
+                    streams::ws_tunnelled_spdy_port_forward(ws).await?;
+                } else {
+                    streams::ws_port_forward(ws, ports).await?;
+                }
                 Ok(())
             });
-            switching(&ws_headers(accept, protocol))
+            switching(&ws_headers(accept, &protocol))
         }
     }
 }

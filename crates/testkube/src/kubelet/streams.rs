@@ -440,6 +440,51 @@ where
     Ok(())
 }
 
+/// Serves SPDY port-forward tunnelled in WebSocket (`SPDY/3.1+portforward.k8s.io`, what
+/// kubectl 1.31+ tries first): binary messages carry the raw SPDY byte stream.
+pub async fn ws_tunnelled_spdy_port_forward<IO>(ws: WebSocketStream<IO>) -> Result<(), SpdyError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let (near, far) = tokio::io::duplex(64 * 1024);
+    let (mut near_r, mut near_w) = tokio::io::split(near);
+    let (mut sink, mut stream) = ws.split();
+    let inbound = async {
+        while let Some(Ok(msg)) = stream.next().await {
+            match msg {
+                Message::Binary(d) => {
+                    if near_w.write_all(&d).await.is_err() {
+                        break;
+                    }
+                }
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        let _ = near_w.shutdown().await;
+    };
+    let outbound = async {
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut near_r, &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if sink.send(Message::binary(buf[..n].to_vec())).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = sink.send(Message::Close(None)).await;
+    };
+    let session = async {
+        let res = spdy_port_forward(far).await;
+        res.map(|_| ())
+    };
+    let ((), (), res) = tokio::join!(inbound, outbound, session);
+    res
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -138,7 +138,7 @@ async fn write_manifest(dir: &Path, name: &str, body: serde_json::Value) -> Path
 }
 
 /// One API server, one stub kubelet, one kubectl version: the whole user journey.
-async fn kubectl_journey(version: &str, expect_exec: &str) {
+async fn kubectl_journey(version: &str, expect_exec: &str, expect_port_forward: &str) {
     let kubectl = Kubectl {
         bin: kubectl_bin(version),
         kubeconfig: PathBuf::new(),
@@ -308,9 +308,7 @@ async fn kubectl_journey(version: &str, expect_exec: &str) {
     drop(tcp);
     pf.kill().await.unwrap();
     assert!(
-        stub.sessions()
-            .iter()
-            .any(|s| s.starts_with("portForward ")),
+        stub.sessions().iter().any(|s| s == expect_port_forward),
         "{:?}",
         stub.sessions()
     );
@@ -321,12 +319,22 @@ async fn kubectl_journey(version: &str, expect_exec: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_1_27_speaks_spdy_through_the_proxy() {
-    kubectl_journey("1.27", "exec SPDY/3.1 v4.channel.k8s.io").await;
+    kubectl_journey(
+        "1.27",
+        "exec SPDY/3.1 v4.channel.k8s.io",
+        "portForward SPDY/3.1 portforward.k8s.io",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_1_32_speaks_websocket_through_the_proxy() {
-    kubectl_journey("1.32", "exec websocket v5.channel.k8s.io").await;
+    kubectl_journey(
+        "1.32",
+        "exec websocket v5.channel.k8s.io",
+        "portForward websocket SPDY/3.1+portforward.k8s.io",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
