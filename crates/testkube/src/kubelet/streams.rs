@@ -451,14 +451,13 @@ where
     let (mut sink, mut stream) = ws.split();
     let inbound = async {
         while let Some(Ok(msg)) = stream.next().await {
-            match msg {
-                Message::Binary(d) => {
-                    if near_w.write_all(&d).await.is_err() {
-                        break;
-                    }
-                }
+            let data = match msg {
+                Message::Binary(d) => d,
                 Message::Close(_) => break,
-                _ => {}
+                _ => continue,
+            };
+            if near_w.write_all(&data).await.is_err() {
+                break;
             }
         }
         let _ = near_w.shutdown().await;
