@@ -1,42 +1,46 @@
 //! The call site of the kubelet proxy (`crate::proxy`), kept apart from routing so the
-//! proxy's configuration type appears in one place.
-//!
-//! TEMPORARY: until `crate::proxy::forward` exists this answers 503 ServiceUnavailable.
+//! proxy's configuration appears in one place.
 
 use http::{Request, Response};
 use hyper::body::Incoming;
 use serde_json::Value;
 
 use crate::body::Body;
+use crate::proxy::ProxyConfig;
 use crate::server::{KubeletSettings, State};
-use crate::status::ApiError;
+use crate::tls::CertPair;
 
 /// The proxy configuration built once at start.
 pub(crate) struct ProxyHolder {
-    #[allow(dead_code)] // becomes the ProxyConfig once the proxy lands
-    settings: KubeletSettings,
+    pub(crate) config: ProxyConfig,
 }
 
 impl ProxyHolder {
-    pub(crate) fn new(settings: &KubeletSettings) -> Self {
-        ProxyHolder {
-            settings: settings.clone(),
+    /// The proxy's settings over its defaults, presenting `client` (issued by the
+    /// server's CA, as kube-apiserver's kubelet client certificate is) to kubelets.
+    pub(crate) fn new(settings: &KubeletSettings, client: &CertPair) -> Self {
+        let mut config = ProxyConfig {
+            client_cert_pem: client.cert_pem.clone(),
+            client_key_pem: client.key_pem.clone(),
+            ..ProxyConfig::default()
+        };
+        if let Some(types) = &settings.preferred_address_types {
+            config.preferred_address_types = types.clone();
         }
+        config.kubelet_ca = settings.kubelet_ca.clone();
+        config.allow_non_loopback = settings.allow_non_loopback;
+        ProxyHolder { config }
     }
 }
 
-/// Forwards a streaming pods subresource request to the pod's kubelet.
+/// Forwards a streaming pods subresource request to the pod's kubelet, answering with
+/// the proxy's response as is (including 101 Switching Protocols for upgrades).
 pub(crate) async fn forward(
-    _state: &State,
-    _pod: &Value,
-    _node: Option<&Value>,
+    state: &State,
+    pod: &Value,
+    node: Option<&Value>,
     sub: &str,
-    _req: Request<Incoming>,
+    req: Request<Incoming>,
 ) -> Response<Body> {
-    ApiError::new(
-        503,
-        "ServiceUnavailable",
-        format!("the kubelet proxy for pods/{sub} is not built into this testkube yet"),
-    )
-    .into_response()
+    crate::proxy::forward(&state.proxy_config.config, pod, node, sub, req).await
 }

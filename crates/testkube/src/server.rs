@@ -121,9 +121,6 @@ pub struct State {
     pub(crate) bookmark_interval: Duration,
     pub(crate) gc_kick: Notify,
     pub(crate) server_address: Mutex<String>,
-    #[allow(dead_code)] // read by the kubelet proxy call site
-    pub(crate) kubelet: KubeletSettings,
-    #[allow(dead_code)] // read once the kubelet proxy lands
     pub(crate) proxy_config: crate::proxy_seam::ProxyHolder,
 }
 
@@ -271,6 +268,13 @@ impl Builder {
         }
         let serving = ca.issue("testkube-apiserver", &[], &sans, true, false)?;
         let admin = ca.issue("testkube-admin", &["system:masters"], &[], false, true)?;
+        let kubelet_client = ca.issue(
+            "kube-apiserver-kubelet-client",
+            &["system:masters"],
+            &[],
+            false,
+            true,
+        )?;
         let tls = server_tls(&serving, ca.cert_pem(), &self.client_cas)?;
 
         let host = if local.ip().is_unspecified() {
@@ -325,8 +329,7 @@ impl Builder {
             bookmark_interval: self.bookmark_interval.unwrap_or(Duration::from_secs(60)),
             gc_kick: Notify::new(),
             server_address: Mutex::new(format!("{host}:{}", local.port())),
-            proxy_config: crate::proxy_seam::ProxyHolder::new(&self.kubelet),
-            kubelet: self.kubelet,
+            proxy_config: crate::proxy_seam::ProxyHolder::new(&self.kubelet, &kubelet_client),
         });
         let cancel = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
@@ -747,7 +750,27 @@ async fn handle(
             legacy_watch,
         } => {
             let watch = legacy_watch || query.get("watch").is_some_and(|w| w == "true" || w == "1");
-            let Some(verb) = verb_for(&method, name.is_some(), watch) else {
+            let connect = res.plural == "pods"
+                && name.is_some()
+                && matches!(
+                    sub.as_deref(),
+                    Some("log" | "exec" | "attach" | "portforward")
+                );
+            // Streaming subresources take any method (kubectl exec POSTs, WebSocket clients
+            // GET); kube-apiserver names POST "create" and GET "get" for them.
+            let verb = if connect {
+                Some(match method.as_str() {
+                    "POST" => "create",
+                    "GET" => "get",
+                    "PUT" => "update",
+                    "DELETE" => "delete",
+                    "PATCH" => "patch",
+                    _ => "connect",
+                })
+            } else {
+                verb_for(&method, name.is_some(), watch)
+            };
+            let Some(verb) = verb else {
                 return finish(
                     &state,
                     rec,
