@@ -115,7 +115,9 @@ fn parse_bench() {
         planned_len = std::hint::black_box(plan).len();
     }
     let (b, p) = (median(baseline), median(parsed));
-    println!("mount table: {LINES} lines, {planned_len} mounts planned below /var/lib/kubelet (median of {ROUNDS})");
+    println!(
+        "mount table: {LINES} lines, {planned_len} mounts planned below /var/lib/kubelet (median of {ROUNDS})"
+    );
     println!(
         "  baseline read + split lines/fields : {:>8.2} ms  {:>12.0} lines/s",
         b.as_secs_f64() * 1e3,
@@ -135,7 +137,14 @@ fn parse_bench() {
 fn mount_all(base: &Path) -> Duration {
     use nix::mount::{MsFlags, mount};
     std::fs::create_dir_all(base).expect("mkdir");
-    mount(Some("tmpfs"), base, Some("tmpfs"), MsFlags::empty(), None::<&str>).expect("mount base");
+    mount(
+        Some("tmpfs"),
+        base,
+        Some("tmpfs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .expect("mount base");
     let dirs: Vec<PathBuf> = (0..MOUNTS - 1)
         .map(|i| base.join(format!("pods/p{:03}/volumes/v{i}", i % 100)))
         .collect();
@@ -144,7 +153,14 @@ fn mount_all(base: &Path) -> Duration {
     }
     let start = Instant::now();
     for d in &dirs {
-        mount(Some("tmpfs"), d, Some("tmpfs"), MsFlags::empty(), None::<&str>).expect("mount");
+        mount(
+            Some("tmpfs"),
+            d,
+            Some("tmpfs"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .expect("mount");
     }
     start.elapsed()
 }
@@ -156,10 +172,16 @@ fn unmount_bench() -> ExitCode {
         .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     let base = dir.path().join("var/lib/kubelet");
-    println!("unmount: {MOUNTS} tmpfs mounts (1 at the prefix, {} below) in a private mount namespace", MOUNTS - 1);
+    println!(
+        "unmount: {MOUNTS} tmpfs mounts (1 at the prefix, {} below) in a private mount namespace",
+        MOUNTS - 1
+    );
     let mounters: [(&str, Box<dyn Mounter>); 2] = [
         ("umount2(MNT_DETACH) syscall", Box::new(SyscallMounter)),
-        ("umount -l via the Runner", Box::new(RunnerMounter(HostRunner::new()))),
+        (
+            "umount -l via the Runner",
+            Box::new(RunnerMounter(HostRunner::new())),
+        ),
     ];
     for (name, mounter) in mounters {
         let mount_time = mount_all(&base);

@@ -407,3 +407,58 @@ cat '{sibling}/on-tmpfs'
         ["stop kubelet.service", "stop containerd.service"]
     );
 }
+
+#[test]
+fn up_starts_a_stopped_stack_then_is_steady_and_down_stops_kubelet_first() {
+    let host = Host::new();
+    host.mark("stopped", true);
+    let out = host.node(&["up", "--config", &host.config("old.yaml")]);
+    assert!(out.status.success());
+    assert_eq!(
+        host.systemctl_log(),
+        [
+            "is-active containerd.service",
+            "is-active kubelet.service",
+            "daemon-reload",
+            "start containerd.service",
+            "start kubelet.service",
+        ]
+    );
+    let written = host.etc();
+    assert_eq!(written.len(), 4);
+    let dropin = host
+        .root()
+        .join("etc/systemd/system/kubelet.service.d/10-outpost.conf");
+    let text = String::from_utf8_lossy(&written[&dropin].0).into_owned();
+    assert!(
+        text.contains("--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf"),
+        "{text}"
+    );
+    assert_eq!(
+        written[&host.root().join("etc/kubernetes/bootstrap-kubelet.conf")].1,
+        0o600
+    );
+
+    // Running now, same configuration: nothing written, nothing restarted.
+    host.mark("stopped", false);
+    std::fs::remove_file(host.path("systemctl.log")).unwrap();
+    let mtime = std::fs::metadata(&dropin).unwrap().modified().unwrap();
+    let out = host.node(&["up", "--config", &host.config("old.yaml")]);
+    assert!(out.status.success());
+    assert_eq!(
+        host.systemctl_log(),
+        ["is-active containerd.service", "is-active kubelet.service"]
+    );
+    assert_eq!(
+        std::fs::metadata(&dropin).unwrap().modified().unwrap(),
+        mtime
+    );
+
+    std::fs::remove_file(host.path("systemctl.log")).unwrap();
+    let out = host.node(&["down", "--config", &host.config("old.yaml")]);
+    assert!(out.status.success());
+    assert_eq!(
+        host.systemctl_log(),
+        ["stop kubelet.service", "stop containerd.service"]
+    );
+}

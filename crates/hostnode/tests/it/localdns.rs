@@ -253,3 +253,75 @@ fn network_setup_is_idempotent_and_dnsmasq_answers() {
         .unwrap();
     assert!(!gone.status.success(), "the interface is still there");
 }
+
+/// A DNS responder on loopback that answers SERVFAIL to the first `servfail` queries,
+/// then NOERROR with 10.0.0.53.
+async fn responder(servfail: usize) -> SocketAddr {
+    use hickory_proto::op::{Message, MessageType, ResponseCode};
+    use hickory_proto::rr::{RData, Record, rdata::A};
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 512];
+        let mut seen = 0;
+        loop {
+            let Ok((n, from)) = socket.recv_from(&mut buf).await else {
+                return;
+            };
+            let query = Message::from_vec(&buf[..n]).unwrap();
+            let mut reply = Message::new();
+            reply
+                .set_id(query.id())
+                .set_message_type(MessageType::Response)
+                .add_queries(query.queries().to_vec());
+            if seen < servfail {
+                reply.set_response_code(ResponseCode::ServFail);
+            } else {
+                let name = query.queries()[0].name().clone();
+                reply.add_answer(Record::from_rdata(name, 30, RData::A(A::new(10, 0, 0, 53))));
+            }
+            seen += 1;
+            socket
+                .send_to(&reply.to_vec().unwrap(), from)
+                .await
+                .unwrap();
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn servfail_is_not_ready_and_the_wait_goes_on() {
+    let listener = responder(2).await;
+    let answered = localdns::await_local_dns(
+        &[listener],
+        "kubernetes.default.svc.cluster.local.",
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answered[0].answers, ["10.0.0.53"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_listener_hits_the_deadline_in_paused_time() {
+    // Bound but never answering: every attempt times out, and the clock is virtual, so
+    // a 60 s deadline costs no real time.
+    let silent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let listener = silent.local_addr().unwrap();
+    let started = tokio::time::Instant::now();
+    let err = localdns::await_local_dns(&[listener], "probe.test.", Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(60) && waited < Duration::from_secs(61),
+        "{waited:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&listener.to_string()) && msg.contains("no answer within"),
+        "{msg}"
+    );
+    drop(silent);
+}
