@@ -385,18 +385,6 @@ fn text(code: StatusCode, body: impl Into<String>) -> Response<Body> {
         .expect("static response parts are valid")
 }
 
-/// Query pairs, percent-decoded, in order.
-fn query_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (crate::proxy::unescape(k), crate::proxy::unescape(v))
-        })
-        .collect()
-}
-
 fn flag(pairs: &[(String, String)], key: &str) -> bool {
     pairs
         .iter()
@@ -419,7 +407,7 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     } else {
         format!("{path}?{query}")
     });
-    let pairs = query_pairs(&query);
+    let pairs = crate::proxy::parse_query(&query);
     let segs: Vec<String> = path
         .trim_start_matches('/')
         .split('/')

@@ -13,7 +13,7 @@
 
 use std::sync::OnceLock;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -646,17 +646,6 @@ impl Encoder<Frame> for Codec {
         put_control(dst, frame_type, flags, &p);
         Ok(())
     }
-}
-
-/// Reads one frame's worth of bytes from `buf` without decoding: used by tests to count
-/// frames in a raw capture.
-pub fn frame_len(buf: &[u8]) -> Option<usize> {
-    if buf.len() < 8 {
-        return None;
-    }
-    let mut b = &buf[5..8];
-    let len = ((b.get_u8() as usize) << 16) | b.get_u16() as usize;
-    Some(8 + len)
 }
 
 #[cfg(test)]

@@ -520,4 +520,102 @@ mod tests {
         assert_eq!(bad["reason"], "NonZeroExitCode");
         assert_eq!(bad["details"]["causes"][0]["message"], "3");
     }
+
+    fn exec_req(command: &[&str], stdin: bool) -> ExecRequest {
+        ExecRequest {
+            kind: "exec".into(),
+            namespace: "default".into(),
+            pod: "web".into(),
+            container: "app".into(),
+            command: s(command),
+            stdin,
+            stdout: true,
+            stderr: true,
+            tty: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn websocket_session_ignores_odd_messages_and_still_echoes() {
+        use tokio_tungstenite::tungstenite::protocol::Role;
+        let (server, client) = tokio::io::duplex(64 * 1024);
+        let session = tokio::spawn(async move {
+            let ws = WebSocketStream::from_raw_socket(server, Role::Server, None).await;
+            ws_exec(ws, exec_req(&["cat"], true), "v5.channel.k8s.io".into()).await
+        });
+        let mut ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        for odd in [
+            Message::binary(Vec::new()),
+            Message::binary(vec![CH_CLOSE]),
+            Message::binary(vec![CH_CLOSE, 9]),
+            Message::binary(vec![7, 1, 2, 3]),
+            Message::text("not a channel frame"),
+            Message::Ping(vec![1, 2].into()),
+            Message::binary(b"\x00ok".to_vec()),
+            Message::binary(vec![CH_CLOSE, CH_STDIN]),
+        ] {
+            ws.send(odd).await.unwrap();
+        }
+        let mut stdout = Vec::new();
+        let mut error = Vec::new();
+        while let Some(Ok(msg)) = ws.next().await {
+            if let Message::Binary(b) = msg {
+                match b.first() {
+                    Some(&CH_STDOUT) => stdout.extend_from_slice(&b[1..]),
+                    Some(&CH_ERROR) => error.extend_from_slice(&b[1..]),
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!(stdout, b"ok");
+        assert!(String::from_utf8_lossy(&error).contains("Success"));
+        session.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn garbage_after_the_upgrade_ends_sessions_with_errors_not_panics() {
+        use rand::{Rng, SeedableRng};
+        use tokio::io::AsyncWriteExt;
+        use tokio_tungstenite::tungstenite::protocol::Role;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for round in 0..20 {
+            let garbage: Vec<u8> = (0..rng.random_range(1..512))
+                .map(|_| rng.random())
+                .collect();
+            // SPDY exec
+            let (server, mut client) = tokio::io::duplex(64 * 1024);
+            let spdy = tokio::spawn(spdy_exec(
+                server,
+                exec_req(&["cat"], true),
+                "v4.channel.k8s.io".into(),
+            ));
+            client.write_all(&garbage).await.unwrap();
+            drop(client);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), spdy)
+                .await
+                .unwrap_or_else(|_| panic!("SPDY session hung on garbage (round {round})"))
+                .expect("SPDY session panicked");
+            // WebSocket exec
+            let (server, mut client) = tokio::io::duplex(64 * 1024);
+            let ws = tokio::spawn(async move {
+                let ws = WebSocketStream::from_raw_socket(server, Role::Server, None).await;
+                ws_exec(ws, exec_req(&["cat"], true), "v5.channel.k8s.io".into()).await
+            });
+            client.write_all(&garbage).await.unwrap();
+            drop(client);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), ws)
+                .await
+                .unwrap_or_else(|_| panic!("WebSocket session hung on garbage (round {round})"))
+                .expect("WebSocket session panicked");
+            // SPDY port-forward
+            let (server, mut client) = tokio::io::duplex(64 * 1024);
+            let pf = tokio::spawn(spdy_port_forward(server));
+            client.write_all(&garbage).await.unwrap();
+            drop(client);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), pf)
+                .await
+                .unwrap_or_else(|_| panic!("port-forward hung on garbage (round {round})"))
+                .expect("port-forward session panicked");
+        }
+    }
 }
