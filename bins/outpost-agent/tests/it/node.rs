@@ -462,3 +462,130 @@ fn up_starts_a_stopped_stack_then_is_steady_and_down_stops_kubelet_first() {
         ["stop kubelet.service", "stop containerd.service"]
     );
 }
+
+/// A network namespace with dnsmasq, removed on drop.
+struct DnsNetns {
+    name: String,
+    dnsmasq: Option<std::process::Child>,
+}
+
+impl Drop for DnsNetns {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.dnsmasq.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+#[test]
+fn up_with_local_dns_in_a_network_namespace_waits_for_real_answers() {
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "LocalDNS test needs root (ip netns): run the tests as root"
+    );
+    for (program, package) in [("ip", "iproute2"), ("dnsmasq", "dnsmasq-base")] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {program}")])
+            .output()
+            .unwrap()
+            .status
+            .success();
+        assert!(found, "{program} not found: apt-get install {package}");
+    }
+    let name = format!("hn-agent-{}", std::process::id());
+    let _ = Command::new("ip").args(["netns", "del", &name]).output();
+    assert!(
+        Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut netns = DnsNetns {
+        name: name.clone(),
+        dnsmasq: None,
+    };
+    let run_in = |args: &[&str]| {
+        Command::new("ip")
+            .args(["netns", "exec", &name])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(run_in(&["ip", "link", "set", "lo", "up"]).status.success());
+    // The dummy driver when the kernel has it, else a port-less bridge.
+    let kind = if run_in(&["ip", "link", "add", "probe0", "type", "dummy"])
+        .status
+        .success()
+    {
+        run_in(&["ip", "link", "del", "probe0"]);
+        "dummy"
+    } else {
+        "bridge"
+    };
+    // --bind-dynamic: the listener address appears only when `node up` creates it.
+    let dnsmasq = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &name,
+            "dnsmasq",
+            "--no-daemon",
+            "--conf-file=/dev/null",
+        ])
+        .args([
+            "--listen-address=169.254.20.10",
+            "--bind-dynamic",
+            "--address=/test/1.2.3.4",
+        ])
+        .args(["--no-resolv", "--no-hosts", "--port=53"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    netns.dnsmasq = Some(dnsmasq);
+
+    let host = Host::new();
+    host.mark("stopped", true);
+    let config = format!(
+        "{CONFIG}localDNS:\n  interfaceKind: {kind}\n  listeners: [169.254.20.10]\n  probeName: probe.test.\n  readyTimeoutSeconds: 20\n"
+    );
+    std::fs::write(host.path("dns.yaml"), config).unwrap();
+    let agent = |cmd: &str| {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &netns.name, BIN, "node", cmd, "--config"])
+            .arg(host.path("dns.yaml"))
+            .arg("--host-root")
+            .arg(host.root())
+            .env("OUTPOST_SYSTEMCTL", host.path("systemctl"))
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        eprintln!("{}{}", stdout(&out), stderr(&out));
+        out
+    };
+    let out = agent("up");
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("] await-local-dns ok"));
+    let addrs = run_in(&["ip", "-o", "addr", "show", "dev", "outpost-dns"]);
+    assert!(
+        stdout(&addrs).contains("169.254.20.10/32"),
+        "{}",
+        stdout(&addrs)
+    );
+
+    let out = agent("down");
+    assert!(out.status.success());
+    assert!(
+        !run_in(&["ip", "link", "show", "outpost-dns"])
+            .status
+            .success(),
+        "interface left behind"
+    );
+    // Idempotent: a second down finds nothing to remove.
+    assert!(agent("down").status.success());
+}
