@@ -25,6 +25,11 @@ use crate::watch::{self, Start, WatchSpec};
 pub const OPTIMISTIC_LOCK: &str =
     "the object has been modified; please apply your changes to the latest version and try again";
 
+/// A query flag as Go's `strconv.ParseBool` reads it (the python client sends `True`).
+pub fn go_bool(v: &str) -> bool {
+    matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True")
+}
+
 /// A resource request, parsed from the URL.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -476,7 +481,7 @@ pub fn watch(st: &State, req: &Request, drop_after_backlog: bool) -> Reply {
     let bookmarks = req
         .query
         .get("allowWatchBookmarks")
-        .is_some_and(|v| v == "true" || v == "1");
+        .is_some_and(|v| go_bool(v));
     let timeout = req
         .query
         .get("timeoutSeconds")

@@ -749,7 +749,7 @@ async fn handle(
             sub,
             legacy_watch,
         } => {
-            let watch = legacy_watch || query.get("watch").is_some_and(|w| w == "true" || w == "1");
+            let watch = legacy_watch || query.get("watch").is_some_and(|w| crate::api::go_bool(w));
             let connect = res.plural == "pods"
                 && name.is_some()
                 && matches!(

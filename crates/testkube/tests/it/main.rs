@@ -7,4 +7,5 @@ mod conformance_scale;
 mod conformance_status;
 mod conformance_watch;
 mod kubectl;
+mod python_client;
 mod proxy;
