@@ -282,6 +282,24 @@ async fn kubectl_journey(version: &str, expect_exec: &str, expect_port_forward: 
         )
         .await
         .unwrap();
+    // attach: the stub's process echoes what it is sent.
+    let out = kubectl
+        .run_with_stdin(&["attach", "-i", "web", "-c", "app"], Some(b"attached\n"))
+        .await;
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (0, "attached\n"),
+        "stderr: {}",
+        out.stderr
+    );
+    assert!(
+        stub.requests()
+            .iter()
+            .any(|r| r == "/attach/default/web/app?error=1&input=1&output=1"),
+        "{:?}",
+        stub.requests()
+    );
+
     // Bytes sent to the local port come back from the stub.
     let mut pf = kubectl.spawn(&["port-forward", "pod/web", ":8080", "--address", "127.0.0.1"]);
     let mut pf_lines = BufReader::new(pf.stdout.take().unwrap()).lines();
