@@ -11,7 +11,9 @@ pub type Body = BoxBody<Bytes, BoxError>;
 
 /// A body holding `bytes` whole.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// An empty body.
