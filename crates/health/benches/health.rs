@@ -3,12 +3,20 @@
 //! same run. The listener's limits (header timeout, body refusal, connection bound,
 //! readiness lookup) should cost next to nothing: target ratio >= 0.9.
 //!
+//! Besides wrk's requests/s and p99 it reports the servers' CPU time per request (from
+//! `/proc/self/stat`; wrk runs in its own process). On a machine shared with other work,
+//! throughput and latency move with the neighbours' load while CPU per request barely does,
+//! so that is the steadier measure of what the listener's protections cost.
+//!
 //! The servers alternate in short paired rounds and the ratio reported is the median of the
 //! per-round ratios: on a shared machine, load from other processes drifts, and pairing
 //! each health run with a baseline run seconds apart cancels most of that drift.
 //!
-//! Knobs (environment): `HEALTH_BENCH_SECONDS` per run (default 5), `HEALTH_BENCH_CONNECTIONS`
-//! (default 32), `HEALTH_BENCH_ROUNDS` (default 4).
+//! Within a round the order alternates (bare first in odd rounds, health first in even
+//! ones) so neither server always runs on the warmer or the quieter side of the pair.
+//!
+//! Knobs (environment): `HEALTH_BENCH_SECONDS` per run (default 3), `HEALTH_BENCH_CONNECTIONS`
+//! (default 32), `HEALTH_BENCH_ROUNDS` (default 8).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,12 +36,14 @@ const TARGET: f64 = 0.9;
 struct Figures {
     requests_per_sec: f64,
     p99_ms: f64,
+    /// Server CPU time (user + system) per request, in microseconds.
+    cpu_us: f64,
 }
 
 fn main() -> anyhow::Result<()> {
-    let seconds = env_or("HEALTH_BENCH_SECONDS", 5)?;
+    let seconds = env_or("HEALTH_BENCH_SECONDS", 3)?;
     let connections = env_or("HEALTH_BENCH_CONNECTIONS", 32)?;
-    let rounds = env_or("HEALTH_BENCH_ROUNDS", 4)?;
+    let rounds = env_or("HEALTH_BENCH_ROUNDS", 8)?;
     match Command::new("wrk").arg("--version").output() {
         Ok(_) => {}
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
@@ -61,15 +71,16 @@ fn main() -> anyhow::Result<()> {
     let mut base_runs = Vec::new();
     let mut health_runs = Vec::new();
     for round in 1..=rounds {
-        let b = wrk(baseline, "/readyz", connections, seconds)?;
+        let (b, h) = if round % 2 == 1 {
+            let b = wrk(baseline, "/readyz", connections, seconds)?;
+            (b, wrk(probe, "/readyz", connections, seconds)?)
+        } else {
+            let h = wrk(probe, "/readyz", connections, seconds)?;
+            (wrk(baseline, "/readyz", connections, seconds)?, h)
+        };
         println!(
-            "round {round}: bare hyper      {:>10.0} req/s  p99 {:>7.3} ms",
-            b.requests_per_sec, b.p99_ms
-        );
-        let h = wrk(probe, "/readyz", connections, seconds)?;
-        println!(
-            "round {round}: health /readyz  {:>10.0} req/s  p99 {:>7.3} ms",
-            h.requests_per_sec, h.p99_ms
+            "round {round}: bare {:>7.0} req/s p99 {:>6.2} ms {:>5.2} us cpu/req | health {:>7.0} req/s p99 {:>6.2} ms {:>5.2} us cpu/req",
+            b.requests_per_sec, b.p99_ms, b.cpu_us, h.requests_per_sec, h.p99_ms, h.cpu_us,
         );
         base_runs.push(b);
         health_runs.push(h);
@@ -85,14 +96,19 @@ fn main() -> anyhow::Result<()> {
         median(health_runs.iter().map(|f| f.requests_per_sec)),
         median(health_runs.iter().map(|f| f.p99_ms)),
     );
+    let (base_cpu, health_cpu) = (
+        median(base_runs.iter().map(|f| f.cpu_us)),
+        median(health_runs.iter().map(|f| f.cpu_us)),
+    );
     let pairs = || base_runs.iter().zip(&health_runs);
     let throughput = median(pairs().map(|(b, h)| h.requests_per_sec / b.requests_per_sec));
     // Inverted so that for both ratios higher is better and the same target applies.
     let latency = median(pairs().map(|(b, h)| b.p99_ms / h.p99_ms));
+    let cpu = median(pairs().map(|(b, h)| b.cpu_us / h.cpu_us));
     println!();
-    println!("medians          req/s       p99 ms");
-    println!("bare hyper   {base_rps:>10.0}   {base_p99:>10.3}");
-    println!("health       {health_rps:>10.0}   {health_p99:>10.3}");
+    println!("medians          req/s       p99 ms   cpu us/req");
+    println!("bare hyper   {base_rps:>10.0}   {base_p99:>10.3}   {base_cpu:>10.2}");
+    println!("health       {health_rps:>10.0}   {health_p99:>10.3}   {health_cpu:>10.2}");
     println!(
         "throughput ratio (health / bare, median of rounds): {throughput:.3}  target >= {TARGET}  {}",
         verdict(throughput)
@@ -100,6 +116,10 @@ fn main() -> anyhow::Result<()> {
     println!(
         "p99 ratio        (bare / health, median of rounds): {latency:.3}  target >= {TARGET}  {}",
         verdict(latency)
+    );
+    println!(
+        "cpu ratio        (bare / health, median of rounds): {cpu:.3}  target >= {TARGET}  {}",
+        verdict(cpu)
     );
     Ok(())
 }
@@ -174,6 +194,7 @@ async fn start_baseline(cancel: CancellationToken) -> anyhow::Result<SocketAddr>
 
 fn wrk(addr: SocketAddr, path: &str, connections: u64, seconds: u64) -> anyhow::Result<Figures> {
     let url = format!("http://{addr}{path}");
+    let cpu_before = process_cpu_seconds()?;
     let output = Command::new("wrk")
         .args([
             "-t1",
@@ -184,6 +205,7 @@ fn wrk(addr: SocketAddr, path: &str, connections: u64, seconds: u64) -> anyhow::
         ])
         .output()
         .context("running wrk")?;
+    let cpu = process_cpu_seconds()? - cpu_before;
     let text = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
         bail!(
@@ -192,10 +214,29 @@ fn wrk(addr: SocketAddr, path: &str, connections: u64, seconds: u64) -> anyhow::
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    parse_wrk(&text).with_context(|| format!("unexpected wrk output for {url}:\n{text}"))
+    let (mut figures, requests) =
+        parse_wrk(&text).with_context(|| format!("unexpected wrk output for {url}:\n{text}"))?;
+    figures.cpu_us = cpu * 1e6 / requests;
+    Ok(figures)
 }
 
-fn parse_wrk(text: &str) -> anyhow::Result<Figures> {
+/// User + system CPU time of this process so far. Only the servers' runtime works while
+/// wrk runs; this thread just waits for wrk to exit.
+fn process_cpu_seconds() -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Fields after the parenthesised command name: state is the first, utime the 12th and
+    // stime the 13th, in clock ticks (USER_HZ, 100 on Linux).
+    let rest = stat
+        .rsplit_once(')')
+        .context("unexpected /proc/self/stat")?
+        .1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    Ok(ticks / 100.0)
+}
+
+/// The figures wrk reports, and the number of requests it completed.
+fn parse_wrk(text: &str) -> anyhow::Result<(Figures, f64)> {
     if let Some(line) = text.lines().find(|l| l.contains("Non-2xx")) {
         bail!("the server answered errors: {}", line.trim());
     }
@@ -213,10 +254,21 @@ fn parse_wrk(text: &str) -> anyhow::Result<Figures> {
         .find_map(|l| l.trim().strip_prefix("99%"))
         .context("no 99% latency line (was --latency passed?)")?
         .trim();
-    Ok(Figures {
-        requests_per_sec,
-        p99_ms: duration_ms(p99)?,
-    })
+    let requests: f64 = text
+        .lines()
+        .find_map(|l| l.split_once(" requests in "))
+        .context("no request count line")?
+        .0
+        .trim()
+        .parse()?;
+    Ok((
+        Figures {
+            requests_per_sec,
+            p99_ms: duration_ms(p99)?,
+            cpu_us: 0.0,
+        },
+        requests,
+    ))
 }
 
 /// wrk prints durations as `812.00us`, `1.23ms`, `1.02s` or `2.00m`.

@@ -241,7 +241,6 @@ impl Server {
                         );
                         saturated = false;
                     }
-                    let _ = stream.set_nodelay(true);
                     connections.spawn(serve_connection(
                         builder.clone(),
                         stream,
