@@ -8,7 +8,7 @@ use ha::etcd::{
 };
 use ha::journal::JoinIntentJournal;
 
-use crate::etcd_harness::EtcdCluster;
+use crate::etcd_harness::{EtcdCluster, find_etcd};
 
 /// Quick enough for a test, patient enough to outlast etcd's 5 s health interval.
 fn test_retry() -> RetryPolicy {
@@ -35,6 +35,27 @@ async fn membership_grows_refuses_fails_closed_and_shrinks() -> anyhow::Result<(
 
     let health = etcd::etcd_cluster_healthy(&opts, &eps).await?;
     assert_eq!(health.members.len(), 3);
+
+    // The same material given inline works; a client certificate from another CA does not,
+    // and the error names the member.
+    let files = cluster.client_tls().unwrap();
+    let inline = EtcdOptions::with_tls(Some(ha::etcd::EtcdTls::from_pem(
+        &std::fs::read(&files.ca)?,
+        &std::fs::read(&files.cert)?,
+        &std::fs::read(&files.key)?,
+    )));
+    assert_eq!(etcd::member_count(&inline, &eps).await?, 3);
+    let stranger = pki::Ca::generate("other-ca")?
+        .issue(&pki::LeafSpec::new("stranger", &[pki::Usage::ClientAuth]))?;
+    let foreign = EtcdOptions::with_tls(Some(ha::etcd::EtcdTls::from_pem(
+        &std::fs::read(&files.ca)?,
+        stranger.cert_pem.as_bytes(),
+        stranger.key_pem.as_bytes(),
+    )));
+    let err = etcd::etcd_cluster_healthy(&foreign, &eps[..1])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(&eps[0]), "{err}");
     assert_eq!(etcd::member_count(&opts, &eps).await?, 3);
 
     // Add a 4th member. The journal is on disk before the add and names it.
@@ -269,4 +290,16 @@ async fn plain_member_storage_downgrade_and_journal_order() -> anyhow::Result<()
         "{err}"
     );
     Ok(())
+}
+
+#[test]
+fn a_missing_etcd_binary_fails_naming_the_package() {
+    let empty = tempfile::tempdir().unwrap();
+    let err = find_etcd(None, Some(empty.path().as_os_str().to_owned())).unwrap_err();
+    assert!(
+        err.to_string().contains("apt-get install etcd-server"),
+        "{err}"
+    );
+    let err = find_etcd(Some(empty.path().join("etcd").into_os_string()), None).unwrap_err();
+    assert!(err.to_string().contains("etcd-server"), "{err}");
 }

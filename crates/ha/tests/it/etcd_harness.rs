@@ -39,11 +39,25 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Finds the etcd binary: `$ETCD_BIN`, else `etcd` on PATH.
 pub fn etcd_binary() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("ETCD_BIN") {
-        return Ok(PathBuf::from(p));
+    find_etcd(std::env::var_os("ETCD_BIN"), std::env::var_os("PATH"))
+}
+
+/// [`etcd_binary`] over explicit values, so the missing-binary message is testable.
+pub fn find_etcd(
+    etcd_bin: Option<std::ffi::OsString>,
+    path: Option<std::ffi::OsString>,
+) -> anyhow::Result<PathBuf> {
+    if let Some(p) = etcd_bin {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        bail!(
+            "$ETCD_BIN={} is not a file: unset it, or apt-get install etcd-server",
+            p.display()
+        );
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path) {
+    for dir in std::env::split_paths(&path.unwrap_or_default()) {
         let candidate = dir.join("etcd");
         if candidate.is_file() {
             return Ok(candidate);
