@@ -67,6 +67,28 @@ pub struct PhaseError {
     pub source: BoxError,
 }
 
+impl PhaseError {
+    /// A condition reason derived from the task name (`restart` gives `RestartFailed`,
+    /// `await-local-dns` gives `AwaitLocalDnsFailed`), for status conditions and metrics
+    /// that classify failures by phase.
+    pub fn reason(&self) -> String {
+        let mut reason = String::new();
+        for word in self
+            .task
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .filter(|w| !w.is_empty())
+        {
+            let mut chars = word.chars();
+            if let Some(first) = chars.next() {
+                reason.push(first.to_ascii_uppercase());
+                reason.extend(chars.map(|c| c.to_ascii_lowercase()));
+            }
+        }
+        reason.push_str("Failed");
+        reason
+    }
+}
+
 /// What the sequential runner reports as it goes.
 #[derive(Debug)]
 pub enum Progress<'e> {
@@ -192,6 +214,17 @@ mod tests {
                 "failed restart"
             ]
         );
+    }
+
+    #[test]
+    fn reason_is_camel_case() {
+        let err = |task: &str| PhaseError {
+            task: task.into(),
+            source: "x".into(),
+        };
+        assert_eq!(err("restart").reason(), "RestartFailed");
+        assert_eq!(err("await-local-dns").reason(), "AwaitLocalDnsFailed");
+        assert_eq!(err("").reason(), "Failed");
     }
 
     #[tokio::test]
