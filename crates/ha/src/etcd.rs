@@ -242,6 +242,18 @@ pub enum EtcdError {
 struct CallError {
     class: ErrorClass,
     reason: String,
+    /// The client could not even be set up (TLS files, URL): nothing was asked.
+    setup: bool,
+}
+
+impl CallError {
+    /// The client-setup failure as the caller's error (only when `setup`).
+    fn into_bad_endpoint(self, endpoint: &str) -> EtcdError {
+        EtcdError::BadEndpoint {
+            endpoint: endpoint.to_string(),
+            reason: self.reason,
+        }
+    }
 }
 
 fn classify(err: &etcd_client::Error) -> CallError {
@@ -271,7 +283,11 @@ fn classify(err: &etcd_client::Error) -> CallError {
         }
         source = cause.source();
     }
-    CallError { class, reason }
+    CallError {
+        class,
+        reason,
+        setup: false,
+    }
 }
 
 fn normalize(endpoint: &str, tls: bool) -> String {
@@ -308,10 +324,20 @@ where
     F: FnOnce(Client) -> Fut,
     Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
-    let client = connect_one(opts, endpoint).await.map_err(|e| CallError {
-        class: ErrorClass::Answered,
-        reason: e.to_string(),
-    })?;
+    let client = match connect_one(opts, endpoint).await {
+        Ok(c) => c,
+        Err(e) => {
+            let reason = match e {
+                EtcdError::BadEndpoint { reason, .. } => reason,
+                other => other.to_string(),
+            };
+            return Err(CallError {
+                class: ErrorClass::Answered,
+                reason,
+                setup: true,
+            });
+        }
+    };
     let deadline = opts.connect_timeout + opts.request_timeout;
     match tokio::time::timeout(deadline, call(client)).await {
         Ok(Ok(v)) => Ok(v),
@@ -319,6 +345,7 @@ where
         Err(_) => Err(CallError {
             class: ErrorClass::Unreachable,
             reason: format!("no answer within {deadline:?}"),
+            setup: false,
         }),
     }
 }
@@ -343,8 +370,19 @@ where
         match call_one(opts, ep, &mut call).await {
             Ok(v) => return Ok((ep.clone(), v)),
             Err(CallError {
+                setup: true,
+                reason,
+                ..
+            }) => {
+                return Err(EtcdError::BadEndpoint {
+                    endpoint: ep.clone(),
+                    reason,
+                });
+            }
+            Err(CallError {
                 class: ErrorClass::Unreachable,
                 reason,
+                ..
             }) => tried.push(format!("{ep}: {reason}")),
             Err(CallError { reason, .. }) => {
                 return Err(EtcdError::Request {
@@ -716,9 +754,15 @@ fn major_minor(version: &str) -> Option<(u32, u32)> {
 pub async fn etcd_storage_at(opts: &EtcdOptions, endpoint: &str) -> Result<EtcdStorage, EtcdError> {
     let status = call_one(opts, endpoint, |mut c| async move { c.status().await })
         .await
-        .map_err(|e| EtcdError::NoStatus {
-            endpoint: endpoint.to_string(),
-            reason: e.reason,
+        .map_err(|e| {
+            if e.setup {
+                e.into_bad_endpoint(endpoint)
+            } else {
+                EtcdError::NoStatus {
+                    endpoint: endpoint.to_string(),
+                    reason: e.reason,
+                }
+            }
         })?;
     let (_, members) = member_list_via(opts, &[endpoint.to_string()]).await?;
     let server_version = status.version().to_string();
@@ -759,6 +803,9 @@ pub async fn downgrade_etcd(
     })
     .await
     {
+        if e.setup {
+            return Err(e.into_bad_endpoint(endpoint));
+        }
         // UNIMPLEMENTED (gRPC 12): the service predates the downgrade RPC.
         let unsupported = e.reason.to_lowercase().contains("unimplemented")
             || e.reason.contains("unknown method")

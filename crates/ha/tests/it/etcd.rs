@@ -260,6 +260,21 @@ async fn plain_member_storage_downgrade_and_journal_order() -> anyhow::Result<()
         "{err}"
     );
 
+    // TLS material that cannot be loaded is a setup error naming the endpoint and file,
+    // not "unreachable" and not a member's refusal: nothing was asked.
+    let broken = EtcdOptions::with_tls(Some(ha::etcd::EtcdTls::from_paths(
+        "/nonexistent/ca.crt",
+        "/nonexistent/c.crt",
+        "/nonexistent/c.key",
+    )));
+    let err = etcd::member_count(&broken, std::slice::from_ref(&down))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, EtcdError::BadEndpoint { endpoint, reason } if *endpoint == down && reason.contains("/nonexistent/ca.crt")),
+        "{err}"
+    );
+
     // The journal is written before the add is sent: an add that cannot reach anyone
     // still leaves it behind, and the error says nobody could be asked.
     let state = tempfile::tempdir()?;
