@@ -59,6 +59,12 @@ const BENCHES: &[(&str, &str, &str, &str)] = &[
     ),
     ("testkube", "testkube", "testkube", "API double list/watch of 5,000 nodes over HTTPS against in-process serde_json"),
     (
+        "kubelet-proxy",
+        "testkube",
+        "kubelet_proxy",
+        "exec stream MiB/s and RTT through the kubelet proxy against straight to the stub kubelet",
+    ),
+    (
         "etcd",
         "ha",
         "etcd",
