@@ -23,6 +23,7 @@ pub mod gc;
 pub mod kubeconfig;
 pub mod kubelet;
 pub mod patch;
+pub mod protobuf;
 pub mod proxy;
 mod proxy_seam;
 pub mod resources;

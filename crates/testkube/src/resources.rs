@@ -262,6 +262,18 @@ pub static RESOURCES: &[Resource] = &[
     Resource {
         create_only: true,
         ..res(
+            "authorization.k8s.io",
+            "v1",
+            "SelfSubjectAccessReview",
+            "selfsubjectaccessreviews",
+            "selfsubjectaccessreview",
+            false,
+            false,
+        )
+    },
+    Resource {
+        create_only: true,
+        ..res(
             "authentication.k8s.io",
             "v1",
             "TokenReview",

@@ -787,7 +787,9 @@ async fn handle(
                 name: name.clone().unwrap_or_default(),
                 path: path.clone(),
             };
-            if !state.policy.authorize(&user, &attrs) {
+            // Asking about oneself is always allowed (kube's default system:basic-user role).
+            let self_review = res.plural == "selfsubjectaccessreviews";
+            if !self_review && !state.policy.authorize(&user, &attrs) {
                 let e = ApiError {
                     details: Some(
                         serde_json::json!({"name": attrs.name, "group": attrs.group, "kind": attrs.resource}),
@@ -955,15 +957,43 @@ async fn resource_request(
             return ApiError::bad_request(format!("reading the request body: {e}")).into_response();
         }
     };
+    let (body, content_type) = if matches!(verb, "create" | "update")
+        && content_type.starts_with("application/vnd.kubernetes.protobuf")
+    {
+        match crate::protobuf::decode(&body) {
+            Ok(v) => (
+                bytes::Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
+                "application/json".to_string(),
+            ),
+            Err(crate::protobuf::ProtoError::Malformed(m)) => {
+                return ApiError::bad_request(format!("malformed protobuf body: {m}"))
+                    .into_response();
+            }
+            Err(e) => {
+                let mut err =
+                    ApiError::unsupported_media_type(&content_type, &["application/json"]);
+                err.message = format!(
+                    "{e} (for kubectl 1.32+ `kubectl create <kind>`, use `kubectl create -f` with YAML or JSON)"
+                );
+                return err.into_response();
+            }
+        }
+    } else {
+        (body, content_type)
+    };
     if matches!(verb, "create" | "update")
         && !content_type.is_empty()
         && !content_type.starts_with("application/json")
         && !content_type.starts_with("*/*")
     {
-        return ApiError::unsupported_media_type(&content_type, &["application/json"])
-            .into_response();
+        let mut e = ApiError::unsupported_media_type(&content_type, &["application/json"]);
+        if content_type.contains("protobuf") {
+            e.message.push_str(
+                " (this API double speaks JSON only; kubectl 1.32+ sends the objects of `kubectl create namespace|configmap|secret|...` as protobuf: use `kubectl create -f` with YAML or JSON)",
+            );
+        }
+        return e.into_response();
     }
-    let _ = user;
     let areq = api::Request {
         res,
         sub,
@@ -972,6 +1002,7 @@ async fn resource_request(
         query,
         body,
         content_type,
+        user,
     };
     let result = match verb {
         "get" => api::get(state, &areq),

@@ -310,6 +310,14 @@ pub fn prepare_create(res: &Resource, obj: &mut Value) {
             let name = obj["metadata"]["name"].clone();
             obj["metadata"]["labels"]["kubernetes.io/metadata.name"] = name;
         }
+        "secrets"
+            if obj
+                .get("type")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty) =>
+        {
+            obj["type"] = json!("Opaque");
+        }
         "deployments" | "daemonsets" | "services" => {
             obj["status"] = json!({});
         }

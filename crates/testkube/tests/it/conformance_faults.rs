@@ -296,3 +296,34 @@ async fn the_request_log_records_verbs_and_codes() {
     );
     assert_eq!(s.requests().iter().filter(|r| r.is_write()).count(), 1);
 }
+
+#[tokio::test]
+async fn self_subject_access_review_answers_for_the_caller() {
+    use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+    let s = ApiServer::builder()
+        .token("carol-token", UserInfo::new("carol", &[]))
+        .authorizer(|user, attrs| user.username == "carol" && attrs.resource == "pods")
+        .start()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let carol = client_for(&s, dir.path(), "carol-token").await;
+    let api: Api<SelfSubjectAccessReview> = Api::all(carol);
+    let ask = |resource: &str| -> SelfSubjectAccessReview {
+        serde_json::from_value(
+            json!({"spec": {"resourceAttributes": {"verb": "list", "resource": resource}}}),
+        )
+        .unwrap()
+    };
+    // Every caller may ask about itself (the default system:basic-user role grants it).
+    let pods = api
+        .create(&PostParams::default(), &ask("pods"))
+        .await
+        .unwrap();
+    assert!(pods.status.unwrap().allowed);
+    let nodes = api
+        .create(&PostParams::default(), &ask("nodes"))
+        .await
+        .unwrap();
+    assert!(!nodes.status.unwrap().allowed);
+}
