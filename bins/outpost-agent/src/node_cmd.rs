@@ -46,7 +46,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
     /// Prefix under which every host path (/etc, /var/lib, ...) is read and written. Unset:
-    /// the real host. For tests and dry runs against a copy of a host tree.
+    /// the real host. For tests and for preparing a tree other than the running host's;
+    /// systemctl, ip and the mount table still act on this host.
     #[arg(long, value_name = "DIR")]
     pub host_root: Option<PathBuf>,
     /// The slot to act on (a key of `slots:` in the configuration); empty: the base.
