@@ -7,5 +7,6 @@ mod conformance_scale;
 mod conformance_status;
 mod conformance_watch;
 mod kubectl;
+mod kubectl_api;
 mod python_client;
 mod proxy;
