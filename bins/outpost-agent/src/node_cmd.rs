@@ -492,7 +492,14 @@ async fn upgrade(node: &Node) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         (Ok(()), None) => Ok(ExitCode::SUCCESS),
-        (Err(e), None) => exit_failed("upgrade", e, " before anything was changed"),
+        (Err(e), None) if e.task == "recover" => {
+            let note = format!(
+                "; the interrupted upgrade's snapshot stays in {} and is restored by the next `node upgrade`",
+                snapshot_dir.display()
+            );
+            exit_failed("upgrade", e, &note)
+        }
+        (Err(e), None) => exit_failed("upgrade", e, "; nothing was changed"),
         (Err(e), Some(s)) => {
             let note = rollback(
                 node,
