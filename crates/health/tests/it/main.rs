@@ -6,3 +6,4 @@ mod limits;
 mod readiness;
 mod routes;
 mod support;
+mod wireguard;
