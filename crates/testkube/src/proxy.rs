@@ -969,9 +969,13 @@ pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
 /// credentials stay with it (kube-apiserver's authentication filter removes them).
 fn forwardable(name: &header::HeaderName) -> bool {
     let n = name.as_str();
+    // Framing headers describe the client's body, which is not forwarded (the upgraded
+    // connection carries the data); hyper frames the empty body itself.
     !(n == "authorization"
         || n == "proxy-authorization"
         || n == "host"
+        || n == "content-length"
+        || n == "transfer-encoding"
         || n.starts_with("impersonate-"))
 }
 
