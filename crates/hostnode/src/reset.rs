@@ -19,7 +19,7 @@ pub enum ResetError {
     #[error(transparent)]
     MountTable(#[from] MountInfoError),
     /// A mount is still in the way.
-    #[error("{} is still mounted; unmount it (outpost-agent node reset unmounts pod volumes) and retry", path.display())]
+    #[error("{} is still mounted, so its contents were kept; unmount it (umount -l PATH) and reset again", path.display())]
     StillMounted {
         /// The mount point.
         path: PathBuf,

@@ -198,3 +198,31 @@ fn reset_never_deletes_through_a_mount() {
         b"must survive"
     );
 }
+
+#[test]
+fn cni_reset_refuses_to_delete_through_a_mount() {
+    if !in_private_mount_ns(
+        module_path!(),
+        "cni_reset_refuses_to_delete_through_a_mount",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = HostRoot::new(tmp.path());
+    let networks = root.cni_state_dir().join("networks");
+    std::fs::create_dir_all(networks.join("cbr0")).unwrap();
+    std::fs::write(networks.join("cbr0/10.244.0.9"), b"id").unwrap();
+    let mounted = root.cni_state_dir().join("results");
+    mount_tmpfs(&mounted);
+    std::fs::write(mounted.join("keep"), b"on a mount").unwrap();
+
+    let err = hostnode::reset_cni_state(&root, None).unwrap_err();
+    assert!(
+        matches!(err, hostnode::ResetError::StillMounted { ref path } if *path == mounted),
+        "{err}"
+    );
+    assert!(err.to_string().contains("still mounted"), "{err}");
+    assert_eq!(std::fs::read(mounted.join("keep")).unwrap(), b"on a mount");
+    // What was not behind the mount is gone.
+    assert!(!networks.exists());
+}

@@ -32,3 +32,36 @@ fn cni_reset_empties_the_config_dir_and_removes_state() {
     hostnode::reset_cni_state(&root, None).unwrap();
     assert!(conf.is_dir());
 }
+
+#[tokio::test]
+async fn host_runner_substitutes_programs_and_names_failures() {
+    use hostnode::runner::{Cmd, HostRunner, RunError, Runner};
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = tmp.path().join("fake-systemctl");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho \"called with $*\"\necho 'Unit kubelet.service not found.' >&2\nexit 5\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let runner = HostRunner::new().with_program("systemctl", &fake);
+
+    let cmd = Cmd::new("systemctl", ["restart", "kubelet.service"]);
+    let out = runner.output(&cmd).await.unwrap();
+    assert_eq!(out.code, Some(5));
+    assert_eq!(out.stdout, "called with restart kubelet.service\n");
+    let err = runner.run(&cmd).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "`systemctl restart kubelet.service` failed (exit status 5): Unit kubelet.service not found."
+    );
+
+    let missing = Cmd::new("/nonexistent/ip", ["link"]);
+    let err = HostRunner::new().run(&missing).await.unwrap_err();
+    assert!(matches!(err, RunError::Spawn { .. }), "{err}");
+    assert_eq!(
+        hostnode::error_chain(&err),
+        "cannot run `/nonexistent/ip link`: No such file or directory (os error 2)"
+    );
+}
