@@ -6,7 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -194,9 +194,12 @@ impl Server {
             inner: self.inner.clone(),
         };
         let permits = Arc::new(Semaphore::new(tuning.max_connections));
-        let refused = Arc::new(AtomicUsize::new(0));
         let mut connections = JoinSet::new();
+        // Connections refused since the limit was hit; logged as one line per burst.
+        let mut refused = 0usize;
         let mut saturated = false;
+        // Accept errors come in streaks (out of file descriptors): one warning per streak.
+        let mut accept_failing = false;
 
         loop {
             tokio::select! {
@@ -211,11 +214,17 @@ impl Server {
                 }
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
-                        Ok(accepted) => accepted,
+                        Ok(accepted) => {
+                            accept_failing = false;
+                            accepted
+                        }
                         Err(err) => {
                             // Typically out of file descriptors: back off instead of spinning,
                             // and keep serving once descriptors free up.
-                            warn!(%err, "health listener could not accept a connection; retrying");
+                            if !accept_failing {
+                                warn!(%err, "health listener could not accept a connection; retrying");
+                                accept_failing = true;
+                            }
                             tokio::select! {
                                 () = cancel.cancelled() => break,
                                 () = tokio::time::sleep(Duration::from_millis(100)) => continue,
@@ -224,7 +233,7 @@ impl Server {
                     };
                     let Ok(permit) = permits.clone().try_acquire_owned() else {
                         drop(stream);
-                        refused.fetch_add(1, Ordering::Relaxed);
+                        refused += 1;
                         if !saturated {
                             warn!(
                                 limit = tuning.max_connections,
@@ -236,10 +245,11 @@ impl Server {
                     };
                     if saturated {
                         info!(
-                            refused = refused.swap(0, Ordering::Relaxed),
+                            refused,
                             "health listener below its connection limit again"
                         );
                         saturated = false;
+                        refused = 0;
                     }
                     connections.spawn(serve_connection(
                         builder.clone(),
