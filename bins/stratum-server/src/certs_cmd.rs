@@ -339,3 +339,90 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         ExitCode::FAILURE
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gen_args(dir: &Path) -> GenerateArgs {
+        GenerateArgs {
+            pki_dir: dir.join("pki"),
+            vip: Some("10.2.0.100".parse().unwrap()),
+            node_name: Some("cp-1".into()),
+            node_ip: Some("10.2.0.1".parse().unwrap()),
+            service_ip: "10.43.0.1".parse().unwrap(),
+            apiserver_sans: vec![],
+            leaves_only: false,
+            kubeconfig_dir: None,
+            server: None,
+            force: false,
+        }
+    }
+
+    fn check_args(dir: &Path, warn_within: Duration) -> CheckArgs {
+        CheckArgs {
+            pki_dir: dir.join("pki"),
+            warn_within,
+            kubeconfig: None,
+            key_max_age: None,
+            output: Output::Json,
+        }
+    }
+
+    #[tokio::test]
+    async fn generate_refuses_then_leaves_only_and_check_thresholds() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(generate(gen_args(dir.path())).unwrap(), ExitCode::SUCCESS);
+        assert!(
+            dir.path().join("admin.conf").exists(),
+            "kubeconfigs beside the pki dir"
+        );
+
+        let err = generate(gen_args(dir.path())).unwrap_err().to_string();
+        assert!(
+            err.contains("pki/ca.key") && err.contains("--force"),
+            "{err}"
+        );
+
+        // Leaves only still refuses existing leaf keys, and names them.
+        let mut leaves = gen_args(dir.path());
+        leaves.leaves_only = true;
+        let err = generate(leaves).unwrap_err().to_string();
+        assert!(
+            err.contains("apiserver") && !err.contains("--leaves-only"),
+            "{err}"
+        );
+
+        // Re-issuing leaves with --force keeps the shared CA.
+        let ca_before = std::fs::read(dir.path().join("pki/ca.key")).unwrap();
+        let mut leaves = gen_args(dir.path());
+        leaves.leaves_only = true;
+        leaves.force = true;
+        assert_eq!(generate(leaves).unwrap(), ExitCode::SUCCESS);
+        assert_eq!(
+            std::fs::read(dir.path().join("pki/ca.key")).unwrap(),
+            ca_before
+        );
+
+        let day = Duration::from_secs(24 * 3600);
+        let ok = check(check_args(dir.path(), 30 * day)).await.unwrap();
+        assert_eq!(ok, ExitCode::SUCCESS);
+        // Leaves live a year: a 400-day threshold flags them.
+        let flagged = check(check_args(dir.path(), 400 * day)).await.unwrap();
+        assert_eq!(flagged, ExitCode::FAILURE);
+        // An unreadable certificate fails at any threshold.
+        std::fs::write(dir.path().join("pki/broken.crt"), "x").unwrap();
+        let broken = check(check_args(dir.path(), Duration::ZERO)).await.unwrap();
+        assert_eq!(broken, ExitCode::FAILURE);
+    }
+
+    #[tokio::test]
+    async fn check_of_a_missing_dir_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = check(check_args(dir.path(), Duration::ZERO))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pki") && err.contains("--pki-dir"), "{err}");
+    }
+}

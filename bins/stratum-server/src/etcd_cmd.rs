@@ -158,3 +158,38 @@ async fn members(args: Args) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(endpoints: &[&str]) -> Args {
+        Args {
+            endpoints: endpoints.iter().map(|s| s.to_string()).collect(),
+            cacert: None,
+            cert: None,
+            key: None,
+            output: Output::Json,
+        }
+    }
+
+    // Port 9 (discard) on an unused loopback address: nothing listens, connections are
+    // refused at once. Live members are covered by the ha crate's etcd tests.
+    #[tokio::test]
+    async fn health_of_an_unreachable_member_fails() {
+        let code = health(args(&["http://127.0.0.29:9"])).await.unwrap();
+        assert_eq!(code, ExitCode::FAILURE);
+    }
+
+    #[tokio::test]
+    async fn members_names_every_endpoint_it_could_not_reach() {
+        let err = members(args(&["http://127.0.0.29:9", "127.0.0.28:9"]))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("http://127.0.0.29:9") && err.contains("127.0.0.28:9"),
+            "{err}"
+        );
+    }
+}
