@@ -49,6 +49,15 @@ pub struct Request {
     pub content_type: String,
     /// The authenticated caller.
     pub user: auth::UserInfo,
+    /// The Accept header (Tables for kubectl).
+    pub accept: String,
+}
+
+impl Request {
+    fn table(&self) -> Option<String> {
+        crate::table::wants_table(&self.accept)
+            .then(|| self.query.get("includeObject").cloned().unwrap_or_default())
+    }
 }
 
 type Reply = Result<Response<Body>, ApiError>;
@@ -309,9 +318,16 @@ fn scope(req: &Request) -> (String, String) {
 pub fn get(st: &State, req: &Request) -> Reply {
     let (ns, name) = scope(req);
     let obj = st.store.lock().get(res_index(req.res), &ns, &name);
-    match obj {
-        Some(o) => Ok(json_response(200, &o)),
-        None => Err(ApiError::not_found(req.res, &name)),
+    match (obj, req.table()) {
+        (Some(o), Some(include)) => {
+            let meta = json!({"resourceVersion": o.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)});
+            Ok(json_response(
+                200,
+                &crate::table::table(req.res, &[&*o], meta, &include, true, now_secs()),
+            ))
+        }
+        (Some(o), None) => Ok(json_response(200, &o)),
+        (None, _) => Err(ApiError::not_found(req.res, &name)),
     }
 }
 
@@ -457,6 +473,13 @@ pub fn list(st: &State, req: &Request) -> Reply {
         meta["continue"] = json!(token);
         meta["remainingItemCount"] = json!(remaining);
     }
+    if let Some(include) = req.table() {
+        let objs: Vec<&Value> = out.iter().map(|o| &**o).collect();
+        return Ok(json_response(
+            200,
+            &crate::table::table(req.res, &objs, meta, &include, true, now_secs()),
+        ));
+    }
     let mut body = Vec::with_capacity(out.len() * 512 + 256);
     body.extend_from_slice(
         format!(
@@ -514,6 +537,7 @@ pub fn watch(st: &State, req: &Request, drop_after_backlog: bool) -> Reply {
         bookmark_interval: st.bookmark_interval,
         timeout,
         drop_after_backlog,
+        table: req.table(),
     };
     let body = watch::start(st.store.clone(), spec);
     Ok(Response::builder()

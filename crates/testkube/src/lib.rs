@@ -32,6 +32,7 @@ pub mod server;
 pub mod status;
 pub mod store;
 pub mod strategy;
+pub mod table;
 pub mod tls;
 pub mod watch;
 

@@ -931,6 +931,12 @@ async fn resource_request(
     if res.namespaced && ns.is_none() && matches!(verb, "create") {
         return ApiError::method_not_allowed("POST", res.plural).into_response();
     }
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -1003,6 +1009,7 @@ async fn resource_request(
         body,
         content_type,
         user,
+        accept,
     };
     let result = match verb {
         "get" => api::get(state, &areq),

@@ -49,6 +49,8 @@ pub struct WatchSpec {
     pub timeout: Option<Duration>,
     /// Close after the events already due (injected DropWatch).
     pub drop_after_backlog: bool,
+    /// Render objects as Tables (`includeObject` value), for `kubectl get -w`.
+    pub table: Option<String>,
 }
 
 impl WatchSpec {
@@ -88,6 +90,28 @@ fn push_event(buf: &mut BytesMut, kind: &str, obj: &Value) {
     buf.extend_from_slice(b"}\n");
 }
 
+/// Writes an event, rendering the object as a one-row Table when the watch asked for
+/// Tables (column definitions on the first such event only, as kube-apiserver does).
+fn emit(buf: &mut BytesMut, spec: &WatchSpec, first: &mut bool, kind: &str, obj: &Value) {
+    match &spec.table {
+        Some(include) if kind != "ERROR" && kind != "BOOKMARK" => {
+            let res = &RESOURCES[spec.res];
+            let meta = json!({"resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)});
+            let t = crate::table::table(
+                res,
+                &[obj],
+                meta,
+                include,
+                *first,
+                chrono::Utc::now().timestamp(),
+            );
+            *first = false;
+            push_event(buf, kind, &t);
+        }
+        _ => push_event(buf, kind, obj),
+    }
+}
+
 fn bookmark(res: &Resource, rv: u64) -> Value {
     json!({"kind": res.kind, "apiVersion": res.api_version(),
            "metadata": {"resourceVersion": rv.to_string()}})
@@ -121,6 +145,7 @@ async fn run(store: Arc<Store>, spec: WatchSpec, tx: mpsc::Sender<Bytes>) {
     let mut changed = store.subscribe();
     changed.borrow_and_update();
     let mut buf = BytesMut::new();
+    let mut first = true;
     let mut last = match spec.start {
         Start::Current => {
             let (objs, rv) = {
@@ -128,7 +153,7 @@ async fn run(store: Arc<Store>, spec: WatchSpec, tx: mpsc::Sender<Bytes>) {
                 (g.list(spec.res, spec.namespace.as_deref()), g.rv())
             };
             for o in objs.iter().filter(|o| spec.selects(o)) {
-                push_event(&mut buf, "ADDED", o);
+                emit(&mut buf, &spec, &mut first, "ADDED", o);
                 if buf.len() > FLUSH_AT && !send(&tx, &mut buf).await {
                     return;
                 }
@@ -166,7 +191,7 @@ async fn run(store: Arc<Store>, spec: WatchSpec, tx: mpsc::Sender<Bytes>) {
             let full = events.len() == 1000;
             for ev in &events {
                 if let Some((kind, obj)) = spec.translate(ev) {
-                    push_event(&mut buf, kind.as_str(), obj);
+                    emit(&mut buf, &spec, &mut first, kind.as_str(), obj);
                 }
                 last = ev.rv;
                 if buf.len() > FLUSH_AT && !send(&tx, &mut buf).await {
@@ -233,6 +258,7 @@ mod tests {
             bookmark_interval: Duration::from_secs(60),
             timeout: None,
             drop_after_backlog: false,
+            table: None,
         }
     }
 

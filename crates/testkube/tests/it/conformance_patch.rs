@@ -229,3 +229,45 @@ async fn field_selectors_on_node_name_and_metadata_name() {
         other => panic!("expected 400, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn tables_are_served_to_clients_that_ask_for_them() {
+    use http_body_util::BodyExt;
+    let s = ApiServer::start().await.unwrap();
+    let nodes: Api<Node> = Api::all(s.client());
+    let mut n = node("n1");
+    n.metadata.labels = Some(
+        [(
+            "node-role.kubernetes.io/control-plane".to_string(),
+            String::new(),
+        )]
+        .into(),
+    );
+    nodes.create(&PostParams::default(), &n).await.unwrap();
+    let req = http::Request::builder()
+        .uri("/api/v1/nodes")
+        .header(
+            "accept",
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+        )
+        .body(kube::client::Body::empty())
+        .unwrap();
+    let resp = s.client().send(req).await.unwrap();
+    let body: serde_json::Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["kind"], "Table");
+    let cols: Vec<&str> = body["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["priority"] == 0)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(cols, ["Name", "Status", "Roles", "Age", "Version"]);
+    let cells = &body["rows"][0]["cells"];
+    assert_eq!(
+        (cells[0].as_str(), cells[1].as_str(), cells[2].as_str()),
+        (Some("n1"), Some("Unknown"), Some("control-plane"))
+    );
+    assert_eq!(body["rows"][0]["object"]["metadata"]["name"], "n1");
+}
