@@ -41,7 +41,7 @@ pub mod runner;
 pub mod snapshot;
 pub mod unmount;
 
-pub use hooks::{Hooks, SNAPSHOT_NAME};
+pub use hooks::{HookError, Hooks, NetworkHook, SNAPSHOT_NAME, WaitHook};
 pub use reset::{
     ClearReport, ResetError, clear_kubelet_dir, reset_cni_state, reset_kubelet_identity,
 };
