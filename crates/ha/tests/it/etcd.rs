@@ -222,6 +222,43 @@ async fn membership_grows_refuses_fails_closed_and_shrinks() -> anyhow::Result<(
     raw.put(JOIN_BUNDLE_ETCD_KEY, "sealed", None).await?;
     let js = etcd::join_state(&opts, &survivors).await?;
     assert!(js.bundle);
+
+    // Lose quorum: of the four voters left, kill two. The survivors still answer their
+    // status; for up to an election timeout the old leader still believes it leads (etcd's
+    // own check-quorum delay), then both know no leader, and health says so for each of
+    // them rather than passing on "they answered".
+    let running: Vec<usize> = (0..cluster.len())
+        .filter(|&i| survivors.contains(&cluster.endpoint(i)))
+        .collect();
+    assert_eq!(running.len(), 4);
+    cluster.kill(running[2]);
+    cluster.kill(running[3]);
+    let alive = vec![cluster.endpoint(running[0]), cluster.endpoint(running[1])];
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let last = match etcd::etcd_cluster_healthy(&opts, &alive).await {
+            Ok(h) => format!("still healthy: {h:?}"),
+            Err(err) => {
+                let EtcdError::Unhealthy { problems, .. } = &err else {
+                    panic!("expected Unhealthy, got {err}")
+                };
+                let leaderless = problems
+                    .iter()
+                    .filter(|p| matches!(p, MemberProblem::NoLeader { endpoint } if alive.contains(endpoint)))
+                    .count();
+                if leaderless == 2 {
+                    assert!(err.to_string().contains("knows no leader"), "{err}");
+                    break;
+                }
+                err.to_string()
+            }
+        };
+        assert!(
+            std::time::Instant::now() < deadline,
+            "members kept a leader without quorum: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Ok(())
 }
 
