@@ -155,6 +155,16 @@ pub static RESOURCES: &[Resource] = &[
         short_names: &["ev"],
         ..res("", "v1", "Event", "events", "event", true, false)
     },
+    // kube-rs's event Recorder writes events.k8s.io/v1; kubectl reads core/v1 events.
+    res(
+        "events.k8s.io",
+        "v1",
+        "Event",
+        "events",
+        "event",
+        true,
+        false,
+    ),
     Resource {
         short_names: &["svc"],
         name_rule: NameRule::Label,
