@@ -317,3 +317,35 @@ async fn list_pages_with_limit_and_continue() {
     assert_eq!(pages, 3);
     assert_eq!(names, ["c0", "c1", "c2", "c3", "c4", "c5", "c6"]);
 }
+
+#[tokio::test]
+async fn delete_collection_removes_the_selected_objects() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    for (name, app) in [("a", "web"), ("b", "web"), ("c", "db")] {
+        let mut c = cm(name);
+        c.metadata.labels = Some([("app".to_string(), app.to_string())].into());
+        api.create(&PostParams::default(), &c).await.unwrap();
+    }
+    api.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels("app=web"),
+    )
+    .await
+    .unwrap();
+    let left: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| c.metadata.name.unwrap())
+        .collect();
+    assert_eq!(left, ["c"]);
+    let rec = s
+        .requests()
+        .into_iter()
+        .find(|r| r.verb == "deletecollection")
+        .unwrap();
+    assert!(rec.is_write());
+}

@@ -89,6 +89,24 @@ async fn the_authorizer_answers_requests_and_subject_access_reviews() {
         .await
         .unwrap();
     assert!(!no.status.unwrap().allowed);
+    // TokenReview answers from the configured tokens.
+    use k8s_openapi::api::authentication::v1::TokenReview;
+    let reviews: Api<TokenReview> = Api::all(s.client());
+    let review = |token: &str| -> TokenReview {
+        serde_json::from_value(json!({"spec": {"token": token}})).unwrap()
+    };
+    let known = reviews
+        .create(&PostParams::default(), &review("bob-token"))
+        .await
+        .unwrap();
+    let st = known.status.unwrap();
+    assert_eq!(st.authenticated, Some(true));
+    assert_eq!(st.user.unwrap().username.as_deref(), Some("bob"));
+    let unknown = reviews
+        .create(&PostParams::default(), &review("nope"))
+        .await
+        .unwrap();
+    assert_eq!(unknown.status.unwrap().authenticated, Some(false));
 }
 
 #[tokio::test]

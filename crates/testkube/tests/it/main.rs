@@ -9,4 +9,5 @@ mod conformance_watch;
 mod kubectl;
 mod kubectl_api;
 mod python_client;
+mod serve_binary;
 mod proxy;
