@@ -404,18 +404,14 @@ pub fn list(st: &State, req: &Request) -> Reply {
     let exact = req.query.get("resourceVersionMatch").map(String::as_str) == Some("Exact");
     let cont = req.query.get("continue").filter(|s| !s.is_empty());
     let g = st.store.lock();
-    let (items, list_rv, after) = if let Some(token) = cont {
+    let (items, list_rv) = if let Some(token) = cont {
         let (rv, tns, tname) = decode_continue(token)?;
         if rv < g.floor() {
             return Err(ApiError::expired(
                 "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
             ));
         }
-        (
-            g.list_after(idx, ns, &(tns.clone(), tname.clone())),
-            rv,
-            true,
-        )
+        (g.list_after(idx, ns, &(tns, tname)), rv)
     } else if let Some(rvs) = rv_param.filter(|s| s.as_str() != "0") {
         let rv = parse_rv(rvs)?;
         if rv > g.rv() {
@@ -425,15 +421,14 @@ pub fn list(st: &State, req: &Request) -> Reply {
             let snap = g
                 .snapshot_at(idx, ns, rv)
                 .map_err(|t| ApiError::expired(t.message()))?;
-            (snap, rv, false)
+            (snap, rv)
         } else {
-            (g.list(idx, ns), g.rv(), false)
+            (g.list(idx, ns), g.rv())
         }
     } else {
-        (g.list(idx, ns), g.rv(), false)
+        (g.list(idx, ns), g.rv())
     };
     drop(g);
-    let _ = after;
     let field_name = fields.required("metadata.name").map(String::from);
     let mut selected = items
         .into_iter()

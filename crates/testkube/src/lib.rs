@@ -12,7 +12,9 @@
 //! Modules by concern: [`server`] (listener, TLS, routing), [`store`] (objects,
 //! resourceVersions, the event window), [`resources`] (the served kinds), [`strategy`]
 //! (what create/update/delete do to objects), [`patch`], [`selector`], [`watch`], [`gc`],
-//! [`auth`], [`faults`], [`discovery`], [`kubeconfig`], [`tls`].
+//! [`auth`], [`faults`], [`discovery`], [`kubeconfig`], [`tls`], [`table`] (server-side
+//! printing for kubectl), [`protobuf`] (the request bodies kubectl 1.32+ sends), and the
+//! kubelet side: [`proxy`] and the stub [`kubelet`].
 
 mod api;
 pub mod auth;

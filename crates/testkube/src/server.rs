@@ -1096,19 +1096,22 @@ impl ApiServer {
     }
 
     /// Issues a client certificate this server accepts, for `user` in `groups`.
-    pub fn issue_client_cert(&self, user: &str, groups: &[&str]) -> anyhow::Result<CertPair> {
-        Ok(self.ca.issue(user, groups, &[], false, true)?)
+    pub fn issue_client_cert(
+        &self,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<CertPair, crate::tls::CertError> {
+        self.ca.issue(user, groups, &[], false, true)
     }
 
     /// Writes a kubeconfig for a bearer token (for strict-mode tests and other users).
-    pub fn write_token_kubeconfig(&self, path: &Path, token: &str) -> anyhow::Result<()> {
+    pub fn write_token_kubeconfig(&self, path: &Path, token: &str) -> std::io::Result<()> {
         let text = kubeconfig::render(
             &self.url,
             self.ca.cert_pem(),
             &Credentials::Token(token.into()),
         );
-        kubeconfig::write(path, &text)?;
-        Ok(())
+        kubeconfig::write(path, &text)
     }
 
     /// Every request so far, in arrival order.
