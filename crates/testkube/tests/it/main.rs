@@ -8,6 +8,6 @@ mod conformance_status;
 mod conformance_watch;
 mod kubectl;
 mod kubectl_api;
+mod proxy;
 mod python_client;
 mod serve_binary;
-mod proxy;
