@@ -164,15 +164,58 @@ pub fn validate_pod_update(new: &Value, old: &Value) -> Vec<Cause> {
             "only deletion is allowed, but found new scheduling gate",
         ));
     }
-    let old_node = str_at(old, "/spec/nodeName").unwrap_or("");
-    let new_node = str_at(new, "/spec/nodeName").unwrap_or("");
-    if old_node != new_node && !old_node.is_empty() {
+    if mutable_pod_spec_stripped(new, !og.is_empty())
+        != mutable_pod_spec_stripped(old, !og.is_empty())
+    {
         causes.push(Cause::forbidden(
             "spec",
             "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
         ));
     }
+    let tolerations = |v: &Value| {
+        v.pointer("/spec/tolerations")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let new_tol = tolerations(new);
+    if tolerations(old).iter().any(|t| !new_tol.contains(t)) {
+        causes.push(Cause::forbidden(
+            "spec.tolerations",
+            "existing toleration can not be modified except its tolerationSeconds",
+        ));
+    }
     causes
+}
+
+/// A pod spec without the fields an update may change (`ValidatePodUpdate`): container
+/// images, activeDeadlineSeconds, tolerations, schedulingGates (checked separately),
+/// terminationGracePeriodSeconds, and while the pod is gated its nodeSelector and
+/// affinity (which may be set or tightened then; the double does not judge tightening).
+fn mutable_pod_spec_stripped(pod: &Value, gated: bool) -> Value {
+    let mut spec = pod.get("spec").cloned().unwrap_or(Value::Null);
+    if let Some(m) = spec.as_object_mut() {
+        for f in [
+            "activeDeadlineSeconds",
+            "tolerations",
+            "schedulingGates",
+            "terminationGracePeriodSeconds",
+        ] {
+            m.remove(f);
+        }
+        if gated {
+            m.remove("nodeSelector");
+            m.remove("affinity");
+        }
+        for list in ["containers", "initContainers"] {
+            if let Some(cs) = m.get_mut(list).and_then(Value::as_array_mut) {
+                for c in cs.iter_mut().filter_map(Value::as_object_mut) {
+                    c.remove("image");
+                }
+            }
+        }
+    }
+    spec
 }
 
 /// The pod QoS class (`pkg/apis/core/helper/qos`): BestEffort without any requests or
@@ -399,6 +442,11 @@ pub fn validate_meta_update(new: &Value, old: &Value) -> Vec<Cause> {
 /// `PrepareForUpdate` of a main (non-status) update: the stored status is kept and the
 /// generation moves when the spec changes.
 pub fn prepare_update(res: &Resource, new: &mut Value, old: &Value) {
+    if res.plural == "pods" {
+        // Defaulting runs on every decoded body, so a PUT without the defaulted fields
+        // does not read as a spec change.
+        default_pod(new);
+    }
     if res.has_status {
         match old.get("status") {
             Some(s) => new["status"] = s.clone(),
@@ -615,6 +663,30 @@ mod tests {
         assert_eq!(p["status"]["qosClass"], "BestEffort");
         assert_eq!(p["status"]["conditions"][0]["reason"], "SchedulingGated");
         assert_eq!(p["metadata"]["generation"], 1);
+    }
+
+    #[test]
+    fn pod_spec_updates_are_limited() {
+        let old = pod(Some("n"));
+        let mut image = old.clone();
+        image["spec"]["containers"][0]["image"] = json!("busybox:2");
+        image["spec"]["tolerations"] = json!([{"key": "k", "operator": "Exists"}]);
+        assert!(validate_pod_update(&image, &old).is_empty());
+        let mut moved = old.clone();
+        moved["spec"]["nodeName"] = json!("other");
+        assert_eq!(validate_pod_update(&moved, &old)[0].field, "spec");
+        let mut env = old.clone();
+        env["spec"]["containers"][0]["env"] = json!([{"name": "A", "value": "1"}]);
+        assert_eq!(validate_pod_update(&env, &old).len(), 1);
+        // While gated, a nodeSelector may be set.
+        let mut gated = pod(None);
+        gated["spec"]["schedulingGates"] = json!([{"name": "g"}]);
+        let mut selected = gated.clone();
+        selected["spec"]["nodeSelector"] = json!({"zone": "a"});
+        assert!(validate_pod_update(&selected, &gated).is_empty());
+        let mut ungated_select = pod(None);
+        ungated_select["spec"]["nodeSelector"] = json!({"zone": "a"});
+        assert!(!validate_pod_update(&ungated_select, &pod(None)).is_empty());
     }
 
     #[test]

@@ -172,3 +172,43 @@ async fn scheduling_gates_can_only_be_removed() {
     assert!(removed.spec.unwrap().scheduling_gates.is_none());
     assert_eq!(removed.metadata.generation, Some(2));
 }
+
+#[tokio::test]
+async fn pod_spec_is_immutable_except_images_tolerations_and_gates() {
+    let s = ApiServer::start().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client(), "default");
+    pods.create(&PostParams::default(), &pod("p", Some("n1")))
+        .await
+        .unwrap();
+    let image = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"spec": {"containers": [{"name": "c", "image": "busybox:2"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        image.spec.unwrap().containers[0].image.as_deref(),
+        Some("busybox:2")
+    );
+    let moved = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeName": "n2"}})),
+        )
+        .await;
+    assert!(
+        matches!(moved, Err(kube::Error::Api(ref st)) if st.code == 422),
+        "{moved:?}"
+    );
+    // A PUT of a freshly built spec (no defaulted fields) is not a change.
+    let mut fresh = pod("p", Some("n1"));
+    fresh.spec.as_mut().unwrap().containers[0].image = Some("busybox:2".into());
+    pods.replace("p", &PostParams::default(), &fresh)
+        .await
+        .unwrap();
+}
