@@ -1,1 +1,2 @@
 //! End-to-end tests: the binaries driven by real clients.
+mod nodeaddr;
