@@ -498,8 +498,14 @@ pub fn list(st: &State, req: &Request) -> Reply {
 /// GET with `watch=true`.
 pub fn watch(st: &State, req: &Request, drop_after_backlog: bool) -> Reply {
     let (labels, fields) = selectors(req)?;
+    let send_initial = req
+        .query
+        .get("sendInitialEvents")
+        .is_some_and(|v| go_bool(v));
     let start = match req.query.get("resourceVersion").map(String::as_str) {
         None | Some("") | Some("0") => Start::Current,
+        // Streaming lists: the state as of now (at least that version), then changes.
+        Some(_) if send_initial => Start::Current,
         Some(rv) => Start::From(parse_rv(rv)?),
     };
     let bookmarks = req
@@ -533,6 +539,7 @@ pub fn watch(st: &State, req: &Request, drop_after_backlog: bool) -> Reply {
         timeout,
         drop_after_backlog,
         table: req.table(),
+        initial_events_end: send_initial && bookmarks,
     };
     let body = watch::start(st.store.clone(), spec);
     Ok(Response::builder()

@@ -51,6 +51,9 @@ pub struct WatchSpec {
     pub drop_after_backlog: bool,
     /// Render objects as Tables (`includeObject` value), for `kubectl get -w`.
     pub table: Option<String>,
+    /// `sendInitialEvents=true` (streaming lists): after the initial ADDED events, a
+    /// BOOKMARK annotated `k8s.io/initial-events-end: "true"` marks the end of the state.
+    pub initial_events_end: bool,
 }
 
 impl WatchSpec {
@@ -158,6 +161,11 @@ async fn run(store: Arc<Store>, spec: WatchSpec, tx: mpsc::Sender<Bytes>) {
                     return;
                 }
             }
+            if spec.initial_events_end {
+                let mut b = bookmark(res, rv);
+                b["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+                push_event(&mut buf, "BOOKMARK", &b);
+            }
             rv
         }
         Start::From(rv) => rv,
@@ -259,6 +267,7 @@ mod tests {
             timeout: None,
             drop_after_backlog: false,
             table: None,
+            initial_events_end: false,
         }
     }
 

@@ -331,3 +331,42 @@ async fn kube_runtime_watcher_follows_changes() {
     }
     assert_eq!(live, ["apply b", "delete a"]);
 }
+
+#[tokio::test]
+async fn kube_runtime_watcher_with_streaming_lists() {
+    use kube::runtime::watcher::{self, Event};
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    let mut w = watcher::watcher(api.clone(), watcher::Config::default().streaming_lists()).boxed();
+    let mut initial = Vec::new();
+    loop {
+        match tokio::time::timeout(LIMIT, w.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            Event::Init => {}
+            Event::InitApply(c) => initial.push(name(&c)),
+            Event::InitDone => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(initial, ["a"]);
+    assert!(
+        s.requests()
+            .iter()
+            .any(|r| r.verb == "watch" && r.query.contains("sendInitialEvents=true"))
+    );
+    api.create(&PostParams::default(), &cm("b")).await.unwrap();
+    match tokio::time::timeout(LIMIT, w.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+    {
+        Event::Apply(c) => assert_eq!(name(&c), "b"),
+        other => panic!("unexpected {other:?}"),
+    }
+}
