@@ -57,7 +57,12 @@ const BENCHES: &[(&str, &str, &str, &str)] = &[
         "hostnode",
         "parse + plan a 100,000-line mount table against read/split; unmount 1,000 mounts in a namespace",
     ),
-    ("testkube", "testkube", "testkube", "API double list/watch of 5,000 nodes over HTTPS against in-process serde_json"),
+    (
+        "testkube",
+        "testkube",
+        "testkube",
+        "API double list/watch of 5,000 nodes over HTTPS against in-process serde_json",
+    ),
     (
         "kubelet-proxy",
         "testkube",
