@@ -397,7 +397,15 @@ async fn kubectl_logs_reach_every_kubelet_through_its_tunnel() {
     for (n, k) in &kubelets {
         let reqs = k.requests();
         let own = format!("/containerLogs/{NAMESPACE}/app-{n}/app");
-        assert!(!reqs.is_empty(), "{n} never reached");
+        assert!(
+            !reqs.is_empty(),
+            "{n} never reached ({} connections); all: {:?}",
+            k.connections(),
+            kubelets
+                .iter()
+                .map(|(n, k)| (n.as_str(), k.requests()))
+                .collect::<Vec<_>>()
+        );
         assert!(
             reqs.iter().all(|r| r.starts_with(&own)),
             "{n}'s kubelet served another node's request: {reqs:?}"
@@ -496,7 +504,21 @@ async fn kubectl_logs_reach_every_kubelet_through_its_tunnel() {
     for (_, k) in kubelets {
         k.shutdown().await;
     }
+    // Keep the kubeconfig: the server's copy goes with it.
+    let kept = tempfile_path("nodeaddr-kubeconfig");
+    std::fs::copy(&kubeconfig, &kept).unwrap();
     server.shutdown().await;
+
+    // With the API server gone, diagnostics cannot ask: exit 1, saying so.
+    let gone = Command::new(&stratum)
+        .args(["nodes", "diagnostics", "--kubeconfig"])
+        .arg(&kept)
+        .output()
+        .unwrap();
+    assert_eq!(gone.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&gone.stderr);
+    assert!(err.contains("cannot read Nodes"), "{err}");
+    let _ = std::fs::remove_file(&kept);
     let _ = std::fs::remove_file(&status_file);
 }
 
