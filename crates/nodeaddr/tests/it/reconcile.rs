@@ -119,9 +119,11 @@ async fn a_conflicting_status_write_is_reread_and_nothing_is_lost() {
     create_nodes(&api, [kubelet_node("worker-1", 1)]).await;
     let r = Reconciler::new(server.client());
 
-    // Hold the reconciler's write long enough for a kubelet heartbeat to land first.
+    // Hold the reconciler's write long enough for a kubelet heartbeat to land first: the
+    // heartbeat goes in once the reconciler's list is done, while its write waits.
+    server.clear_requests();
     server.inject(
-        Fault::new(FaultKind::Latency(Duration::from_millis(800)))
+        Fault::new(FaultKind::Latency(Duration::from_secs(2)))
             .verb("update")
             .resource("nodes/status")
             .times(1),
@@ -130,7 +132,15 @@ async fn a_conflicting_status_write_is_reread_and_nothing_is_lost() {
         let r = r.clone();
         async move { r.once().await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !server.requests().iter().any(|q| q.verb == "list") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pass never listed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let mut n = api.get("worker-1").await.unwrap();
     n.status
         .as_mut()
