@@ -48,60 +48,12 @@ fn require(bin: &str, package: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// Builds (if needed) and locates the workspace binaries, with the test profile.
-///
-/// One `cargo build --workspace --bins --tests` for all of them. Building one package at
-/// a time unifies dependency features per package, and leaving out `--tests` unifies them
-/// without dev-dependencies: either way the build differs from the one the test runner
-/// just made, and half the dependency tree is rebuilt on every run.
+/// The workspace binaries this test runs, located by `e2e::binary`.
 fn binaries() -> HashMap<String, PathBuf> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(workspace_root())
-        .args([
-            "build",
-            "--workspace",
-            "--bins",
-            "--tests",
-            "--message-format=json-render-diagnostics",
-        ])
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("cannot run cargo to build the binaries");
-    assert!(
-        out.status.success(),
-        "cargo build --workspace --bins --tests failed (see stderr)"
-    );
-    let mut found = HashMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let is_bin = msg["target"]["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|k| k == "bin"));
-        // The same bin also appears built as its own unit-test harness.
-        let is_harness = msg["profile"]["test"].as_bool().unwrap_or(true);
-        if let (true, false, Some(name), Some(exe)) = (
-            is_bin,
-            is_harness,
-            msg["target"]["name"].as_str(),
-            msg["executable"].as_str(),
-        ) {
-            found.insert(name.to_string(), PathBuf::from(exe));
-        }
-    }
-    for want in ["stratum-server", "outpost-agent"] {
-        assert!(found.contains_key(want), "cargo built no {want} binary");
-    }
-    found
+    ["stratum-server", "outpost-agent"]
+        .into_iter()
+        .map(|name| (name.to_string(), e2e::binary(name)))
+        .collect()
 }
 
 /// `127.a.b.c` and the port from `ssh ... -R 127.a.b.c:P:127.0.0.1:P ...`.

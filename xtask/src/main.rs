@@ -118,6 +118,8 @@ fn ci() -> anyhow::Result<()> {
         "-D",
         "warnings",
     ])?;
+    // The end-to-end tests run the binaries; they never build them (see tests/lib.rs).
+    cargo(&["build", "--workspace", "--bins", "--locked"])?;
     let nextest = Command::new("cargo")
         .args(["nextest", "--version"])
         .output()

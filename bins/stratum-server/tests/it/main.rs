@@ -1,3 +1,4 @@
 //! Tests that run the stratum-server binary as a process.
 
+mod certs_etcd;
 mod token;
