@@ -118,6 +118,8 @@ fn ci() -> anyhow::Result<()> {
         "-D",
         "warnings",
     ])?;
+    // nextest does not run doctests; run them first so the run closes on nextest's summary.
+    cargo(&["test", "--workspace", "--locked", "--doc"])?;
     // The end-to-end tests run the binaries; they never build them (see tests/lib.rs).
     cargo(&["build", "--workspace", "--bins", "--locked"])?;
     let nextest = Command::new("cargo")
@@ -136,9 +138,7 @@ fn ci() -> anyhow::Result<()> {
         "--profile",
         "ci",
         "--no-fail-fast",
-    ])?;
-    // nextest does not run doctests.
-    cargo(&["test", "--workspace", "--locked", "--doc"])
+    ])
 }
 
 fn cargo(args: &[&str]) -> anyhow::Result<()> {

@@ -39,20 +39,12 @@ fn main() -> ExitCode {
     cmdline::install_crypto_provider();
     let cli = Cli::parse();
     cli.log.init();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async move {
+    cmdline::block_on(async move {
         match cli.command {
             Command::Health(args) => health_cmd::run(args).await,
             Command::KubeletPort(args) => tunnel_cmd::kubelet_port(args),
             Command::TunnelConfig(args) => tunnel_cmd::tunnel_config(args),
             Command::Node(cmd) => node_cmd::run(cmd).await,
         }
-    });
-    cmdline::exit_code(result)
+    })
 }

@@ -44,20 +44,12 @@ fn main() -> ExitCode {
     cmdline::install_crypto_provider();
     let cli = Cli::parse();
     cli.log.init();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async move {
+    cmdline::block_on(async move {
         match cli.command {
             Command::Nodes(cmd) => nodes_cmd::run(cmd).await,
             Command::Certs(cmd) => certs_cmd::run(cmd).await,
             Command::Token(cmd) => token_cmd::run(cmd).await,
             Command::Etcd(cmd) => etcd_cmd::run(cmd).await,
         }
-    });
-    cmdline::exit_code(result)
+    })
 }

@@ -98,3 +98,17 @@ pub fn exit_code(result: anyhow::Result<std::process::ExitCode>) -> std::process
         }
     }
 }
+
+/// Runs a command on a multi-threaded tokio runtime and turns its result into the exit
+/// code (see [`exit_code`]).
+pub fn block_on(
+    command: impl std::future::Future<Output = anyhow::Result<std::process::ExitCode>>,
+) -> std::process::ExitCode {
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => exit_code(runtime.block_on(command)),
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
