@@ -4,6 +4,8 @@
 //! - `cargo xtask bench <name>`: one benchmark (a `harness = false` bench target owned by
 //!   the crate it measures); each prints its figures as ratios against a baseline measured
 //!   in the same run. Figures are recorded by hand in `docs/benchmarks.md`.
+//! - `cargo xtask fuzz [target] [--seconds N]`: each fuzz target under fuzz/ briefly
+//!   (nightly and cargo-fuzz; see docs/fuzzing.md).
 
 use std::process::{Command, ExitCode};
 
@@ -28,6 +30,14 @@ enum Task {
         /// List the benchmarks.
         #[arg(long)]
         list: bool,
+    },
+    /// Run every fuzz target (or the one named) briefly; fails on the first crash.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// One target (see `cargo fuzz list` in fuzz/); all of them when omitted.
+        target: Option<String>,
     },
 }
 
@@ -104,7 +114,92 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             cargo(&["bench", "-p", package, "--bench", target])
         }
+        Task::Fuzz { seconds, target } => fuzz(seconds, target),
     }
+}
+
+/// Runs `cargo +nightly fuzz run` per target from fuzz/ (its own workspace). Goes through
+/// the rustup `cargo` proxy, not `$CARGO`, because only the proxy understands `+nightly`.
+fn fuzz(seconds: u64, only: Option<String>) -> anyhow::Result<()> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let rustup_cargo = |args: &[&str]| {
+        let mut cmd = Command::new("cargo");
+        // Set by the outer `cargo run`; they would pin the inner cargo to the stable
+        // toolchain whatever `+nightly` says.
+        cmd.args(args)
+            .current_dir(&dir)
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("RUSTC");
+        cmd
+    };
+    let works = |args: &[&str]| {
+        rustup_cargo(args)
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    if !works(&["+nightly", "--version"]) {
+        bail!(
+            "the nightly toolchain is missing: install it with `rustup toolchain install nightly`"
+        );
+    }
+    if !works(&["fuzz", "--version"]) {
+        bail!("cargo-fuzz is missing: install it with `cargo install cargo-fuzz`");
+    }
+    let listed = rustup_cargo(&["fuzz", "list"])
+        .output()
+        .context("cannot run cargo fuzz list")?;
+    if !listed.status.success() {
+        bail!(
+            "cargo fuzz list failed in {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&listed.stderr)
+        );
+    }
+    let all: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    let targets = match only {
+        Some(name) if all.contains(&name) => vec![name],
+        Some(name) => bail!(
+            "no fuzz target named {name:?}; the targets: {}",
+            all.join(", ")
+        ),
+        None => all,
+    };
+    let max_time = format!("-max_total_time={seconds}");
+    for target in &targets {
+        // New inputs go to a scratch corpus under fuzz/target (ignored by git); the
+        // committed seeds in fuzz/corpus/<target> are only read.
+        let scratch = format!("target/corpus/{target}");
+        std::fs::create_dir_all(dir.join(&scratch))
+            .with_context(|| format!("cannot create fuzz/{scratch}"))?;
+        let seeds = format!("corpus/{target}");
+        let mut args = vec!["+nightly", "fuzz", "run", target.as_str(), scratch.as_str()];
+        if dir.join(&seeds).is_dir() {
+            args.push(seeds.as_str());
+        }
+        args.extend(["--", max_time.as_str()]);
+        eprintln!("xtask: (in fuzz/) cargo {}", args.join(" "));
+        let status = rustup_cargo(&args)
+            .status()
+            .with_context(|| format!("cannot run cargo fuzz for {target}"))?;
+        if !status.success() {
+            bail!(
+                "fuzz target {target} failed ({status}): a crash input is under \
+                 fuzz/artifacts/{target}/; reproduce it with `cargo +nightly fuzz run {target} \
+                 <artifact>` (see docs/fuzzing.md)"
+            );
+        }
+    }
+    eprintln!(
+        "xtask: {} fuzz target(s) ran {seconds}s each without a crash",
+        targets.len()
+    );
+    Ok(())
 }
 
 fn ci() -> anyhow::Result<()> {
