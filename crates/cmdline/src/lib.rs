@@ -40,7 +40,9 @@ impl LogArgs {
         };
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_writer(std::io::stderr);
+            .with_writer(std::io::stderr)
+            // Colour codes only for a person at a terminal, never into a log file.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
         // A second init (tests that call a binary's `run` twice) is harmless: keep the first.
         let _ = match self.log_format {
             LogFormat::Text => builder.try_init(),

@@ -424,7 +424,7 @@ impl AgentConfig {
                 if !valid_token(&b.token) {
                     return invalid(
                         "auth.bootstrapToken.token",
-                        "must match [a-z0-9]{6}.[a-z0-9]{16} (create one with `kubeadm token create`)",
+                        "must match [a-z0-9]{6}.[a-z0-9]{16} (mint one with `stratum-server token create` on a control-plane host)",
                     );
                 }
                 if b.api_server.is_empty() {
