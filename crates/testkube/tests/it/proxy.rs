@@ -38,6 +38,20 @@ pub fn node_at(address: &str, port: u16) -> Value {
 
 /// A plain-HTTP front on loopback that forwards `.../pods/web/{sub}` with a fixed pod and
 /// node, like the API server's router after authentication and lookup.
+/// A stub kubelet on loopback and a default proxy front whose pod runs on it.
+async fn stub_behind_default_front() -> (StubKubelet, SocketAddr) {
+    let stub = StubKubelet::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let api = front(
+        ProxyConfig::default(),
+        pod("n1"),
+        Some(node_at("127.0.0.1", stub.addr().port())),
+    )
+    .await;
+    (stub, api)
+}
+
 async fn front(cfg: ProxyConfig, pod: Value, node: Option<Value>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -434,15 +448,7 @@ fn random_bytes(n: usize) -> Vec<u8> {
 
 #[tokio::test]
 async fn spdy_upgrade_passes_bytes_both_ways_unchanged() {
-    let stub = StubKubelet::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let api = front(
-        ProxyConfig::default(),
-        pod("n1"),
-        Some(node_at("127.0.0.1", stub.addr().port())),
-    )
-    .await;
+    let (stub, api) = stub_behind_default_front().await;
     let tcp = raw_upgrade(
         api,
         "/api/v1/namespaces/default/pods/web/exec?command=cat&stdin=true&stdout=true&stderr=true",
@@ -522,15 +528,7 @@ async fn spdy_upgrade_passes_bytes_both_ways_unchanged() {
 
 #[tokio::test]
 async fn websocket_upgrade_passes_bytes_both_ways_unchanged() {
-    let stub = StubKubelet::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let api = front(
-        ProxyConfig::default(),
-        pod("n1"),
-        Some(node_at("127.0.0.1", stub.addr().port())),
-    )
-    .await;
+    let (stub, api) = stub_behind_default_front().await;
     let tcp = TcpStream::connect(api).await.unwrap();
     let mut request = tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
         "ws://apiserver/api/v1/namespaces/default/pods/web/exec?command=cat&stdin=true&stdout=true&stderr=true",
@@ -576,15 +574,7 @@ async fn websocket_upgrade_passes_bytes_both_ways_unchanged() {
 
 #[tokio::test]
 async fn spdy_port_forward_echoes_through_the_proxy() {
-    let stub = StubKubelet::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let api = front(
-        ProxyConfig::default(),
-        pod("n1"),
-        Some(node_at("127.0.0.1", stub.addr().port())),
-    )
-    .await;
+    let (stub, api) = stub_behind_default_front().await;
     let tcp = raw_upgrade(
         api,
         "/api/v1/namespaces/default/pods/web/portforward?ports=8080",
@@ -651,15 +641,7 @@ async fn kube_rs_exec_reaches_the_stub_over_websocket() {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{Api, AttachParams};
 
-    let stub = StubKubelet::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let api = front(
-        ProxyConfig::default(),
-        pod("n1"),
-        Some(node_at("127.0.0.1", stub.addr().port())),
-    )
-    .await;
+    let (stub, api) = stub_behind_default_front().await;
     let client =
         kube::Client::try_from(kube::Config::new(format!("http://{api}").parse().unwrap()))
             .unwrap();
