@@ -2,10 +2,7 @@
 
 use k8s_openapi::api::core::v1::Node;
 
-/// Label carrying a node's runtime kind; shared with the other node-identity packages.
-pub const RUNTIME_LABEL: &str = "outpost.dhnt.io/runtime";
-/// [`RUNTIME_LABEL`] value of a virtual-kubelet node.
-pub const RUNTIME_VIRTUAL: &str = "virtual";
+pub use keys::{RUNTIME_LABEL, RUNTIME_VIRTUAL};
 /// Annotation in which k3s records the arguments a node was started with, as a JSON array
 /// of strings (`--flag=value` split into two elements, secret values blanked).
 pub const NODE_ARGS_ANNOTATION: &str = "k3s.io/node-args";
