@@ -511,7 +511,9 @@ async fn read_grant_secret(client: &kube::Client) -> Result<Secret, GrantError> 
 /// Downloads this join's grant: the token in `bootstrap_kubeconfig` names the entry
 /// (`certs-<token-id>`), so a later mint moving the legacy entry to a newer key does not
 /// break it. Opens it with `cert_key`, runs `check` on its profile, and only then writes the
-/// files into `pki_dir`; on any failure nothing is written.
+/// files into `pki_dir`, staged whole beside it and switched in with one directory swap
+/// ([`disk::write_bundle_files`]); on any failure nothing is written and no copy of a key
+/// is left behind.
 pub async fn download_certs<C>(
     bootstrap_kubeconfig: &Path,
     pki_dir: &Path,
