@@ -136,6 +136,9 @@ pub enum GrantError {
     /// The publication would not fit.
     #[error(transparent)]
     Budget(#[from] BudgetExceeded),
+    /// The Secret's generation cannot be incremented.
+    #[error(transparent)]
+    Generation(#[from] plan::GenerationExhausted),
     /// A bundle could not be encoded.
     #[error("cannot seal the bundle: {0}")]
     Seal(#[source] EnvelopeError),
@@ -340,7 +343,7 @@ where
         let now = Utc::now();
         let owner_id = request.owner.map(|o| o.token_id.as_str());
         let tokens = grant_token_states(client, observed.as_ref(), owner_id, now).await?;
-        let generation = plan::observed_generation(observed.as_ref()) + 1;
+        let generation = plan::next_generation(observed.as_ref())?;
         let grant = match request.owner {
             Some(owner) => {
                 let entry = grant_entry_name(&owner.token_id);
