@@ -1005,6 +1005,24 @@ mod tests {
     }
 
     #[test]
+    fn tls_debug_names_paths_but_prints_no_key() {
+        let tls = EtcdTls::from_pem(
+            b"CA PEM",
+            b"CERT PEM",
+            b"-----BEGIN PRIVATE KEY----- SECRET",
+        );
+        let opts = EtcdOptions::with_tls(Some(tls));
+        let text = format!("{opts:?}");
+        assert!(
+            !text.contains("SECRET") && !text.contains("BEGIN"),
+            "{text}"
+        );
+        assert!(text.contains("redacted"), "{text}");
+        let files = EtcdTls::from_paths("/pki/ca.crt", "/pki/c.crt", "/pki/c.key");
+        assert!(format!("{files:?}").contains("/pki/c.key"));
+    }
+
+    #[test]
     fn versions() {
         assert_eq!(major_minor("3.4.23"), Some((3, 4)));
         assert_eq!(major_minor("x"), None);

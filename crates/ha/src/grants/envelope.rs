@@ -55,9 +55,18 @@ const PROOF_PLAINTEXT: &[u8] = b"stratum at-rest key proof v1";
 const PROOF_KDF_DOMAIN: &[u8] = b"stratum key-proof v1\0";
 
 /// The 32-byte AES-256 key a grant is sealed under, printed once by `token create
-/// --control-plane` as 64 hex digits. It decrypts the cluster's CA keys: never log it.
-#[derive(Clone, PartialEq, Eq)]
+/// --control-plane` as 64 hex digits. It decrypts the cluster's CA keys: never log it. Its
+/// `Debug` is redacted, its bytes are wiped when it is dropped, and it has no `PartialEq`
+/// (a comparison is a timing oracle; compare [`CertKey::same_key`] in constant time).
+#[derive(Clone)]
 pub struct CertKey([u8; 32]);
+
+impl Drop for CertKey {
+    fn drop(&mut self) {
+        use zeroize::Zeroize as _;
+        self.0.zeroize();
+    }
+}
 
 impl CertKey {
     /// A fresh key from the operating system's CSPRNG (through rand's thread RNG, which is
@@ -77,6 +86,15 @@ impl CertKey {
         let mut key = [0u8; 32];
         hex::decode_to_slice(text, &mut key).map_err(|_| CertKeyError::NotHex)?;
         Ok(CertKey(key))
+    }
+
+    /// Whether `other` is the same key, compared in constant time.
+    pub fn same_key(&self, other: &CertKey) -> bool {
+        self.0
+            .iter()
+            .zip(other.0.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
     }
 
     /// The key as 64 lowercase hex digits.
@@ -132,7 +150,8 @@ pub enum CertKeyError {
 }
 
 /// What one grant entry carries: the shared files and the facts a joiner needs beside them.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Its `Debug` lists the files' names and sizes, never their bytes (CA keys among them).
+#[derive(Clone, PartialEq, Eq, Default)]
 pub struct Bundle {
     /// The shared control-plane files, by path relative to the pki dir.
     pub files: BTreeMap<String, Vec<u8>>,
@@ -144,6 +163,23 @@ pub struct Bundle {
     pub vip: Option<String>,
     /// The etcd client endpoints the cluster published.
     pub etcd_endpoints: Vec<String>,
+}
+
+impl fmt::Debug for Bundle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let files: BTreeMap<&str, String> = self
+            .files
+            .iter()
+            .map(|(p, b)| (p.as_str(), format!("<{} bytes redacted>", b.len())))
+            .collect();
+        f.debug_struct("Bundle")
+            .field("files", &files)
+            .field("generation", &self.generation)
+            .field("carries_encryption_key", &self.carries_encryption_key)
+            .field("vip", &self.vip)
+            .field("etcd_endpoints", &self.etcd_endpoints)
+            .finish()
+    }
 }
 
 /// Where a sealed entry lives: all three are authenticated as associated data.
@@ -766,20 +802,40 @@ mod tests {
     #[test]
     fn cert_key_parses_and_redacts() {
         let key = CertKey::generate();
-        assert_eq!(CertKey::from_hex(&key.to_hex()).unwrap(), key);
-        assert_eq!(
-            CertKey::from_hex(&format!(" {} \n", key.to_hex())).unwrap(),
-            key
+        assert!(CertKey::from_hex(&key.to_hex()).unwrap().same_key(&key));
+        assert!(
+            CertKey::from_hex(&format!(" {} \n", key.to_hex()))
+                .unwrap()
+                .same_key(&key)
         );
         assert_eq!(
-            CertKey::from_hex("abc"),
-            Err(CertKeyError::Length { len: 3 })
+            CertKey::from_hex("abc").err(),
+            Some(CertKeyError::Length { len: 3 })
         );
         assert_eq!(
-            CertKey::from_hex(&"g".repeat(64)),
-            Err(CertKeyError::NotHex)
+            CertKey::from_hex(&"g".repeat(64)).err(),
+            Some(CertKeyError::NotHex)
         );
         assert_eq!(format!("{key:?}"), "CertKey(<redacted>)");
-        assert_ne!(CertKey::generate(), CertKey::generate());
+        assert!(!CertKey::generate().same_key(&CertKey::generate()));
+    }
+
+    #[test]
+    fn bundle_debug_names_files_but_prints_no_key() {
+        let mut b = bundle();
+        b.files.insert(
+            "sa.key".into(),
+            b"-----BEGIN PRIVATE KEY-----SECRETBYTES".to_vec(),
+        );
+        let text = format!("{b:?}");
+        assert!(
+            text.contains("sa.key") && text.contains("bytes redacted"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("SECRETBYTES") && !text.contains("BEGIN"),
+            "{text}"
+        );
+        assert!(text.contains("10.0.0.10"), "{text}");
     }
 }
