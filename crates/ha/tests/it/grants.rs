@@ -871,3 +871,67 @@ async fn reader_grant_is_one_secret_for_the_control_plane_group() -> anyhow::Res
     server.shutdown().await;
     Ok(())
 }
+
+/// admin.conf's group gets its rights from one ClusterRoleBinding to cluster-admin, which
+/// bootstrap creates once; a second run writes nothing, and a binding missing the group
+/// gets it added without losing its other subjects.
+#[tokio::test]
+async fn cluster_admins_binding_is_created_once_and_repaired() -> anyhow::Result<()> {
+    use ha::admins::{self, BindingChange};
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let server = ApiServer::start().await?;
+    let client = server.client();
+    let api: Api<ClusterRoleBinding> = Api::all(client.clone());
+    assert_eq!(
+        admins::ensure_cluster_admins_binding(&client).await?,
+        BindingChange::Created
+    );
+    let created = api.get(admins::CLUSTER_ADMINS_BINDING).await?;
+    assert_eq!(created.role_ref.kind, "ClusterRole");
+    assert_eq!(created.role_ref.name, "cluster-admin");
+    let subjects = created.subjects.clone().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        (subjects[0].kind.as_str(), subjects[0].name.as_str()),
+        ("Group", pki::CLUSTER_ADMINS_GROUP)
+    );
+    assert_eq!(
+        admins::ensure_cluster_admins_binding(&client).await?,
+        BindingChange::Unchanged
+    );
+    let again = api.get(admins::CLUSTER_ADMINS_BINDING).await?;
+    assert_eq!(
+        again.metadata.resource_version, created.metadata.resource_version,
+        "a steady state writes nothing"
+    );
+    let mut edited = again;
+    edited.subjects = Some(vec![Subject {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: "User".into(),
+        name: "alice".into(),
+        namespace: None,
+    }]);
+    api.replace(
+        admins::CLUSTER_ADMINS_BINDING,
+        &PostParams::default(),
+        &edited,
+    )
+    .await?;
+    assert_eq!(
+        admins::ensure_cluster_admins_binding(&client).await?,
+        BindingChange::SubjectAdded
+    );
+    let repaired = api.get(admins::CLUSTER_ADMINS_BINDING).await?;
+    let names: Vec<String> = repaired
+        .subjects
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(
+        names,
+        vec!["alice".to_string(), pki::CLUSTER_ADMINS_GROUP.to_string()]
+    );
+    server.shutdown().await;
+    Ok(())
+}
