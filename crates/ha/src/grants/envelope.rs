@@ -347,21 +347,40 @@ pub fn open_bundle(
     decode_bundle(&plaintext)
 }
 
-/// Seals the key proof: a fixed text under the key derived from the encryption config.
-pub fn seal_key_proof(encryption_config: &[u8], binding: EntryBinding<'_>) -> Vec<u8> {
+/// What the key proof of publication `generation` encrypts: the fixed text, then the
+/// generation (u64 BE), so a proof speaks for one publication only.
+fn proof_plaintext(generation: u64) -> Vec<u8> {
+    let mut text = PROOF_PLAINTEXT.to_vec();
+    text.extend_from_slice(&generation.to_be_bytes());
+    text
+}
+
+/// Seals the key proof of publication `generation`: a fixed text and the generation under
+/// the key derived from the encryption config.
+pub fn seal_key_proof(
+    encryption_config: &[u8],
+    binding: EntryBinding<'_>,
+    generation: u64,
+) -> Vec<u8> {
     seal_bytes(
         &CertKey::for_key_proof(encryption_config),
         binding,
-        PROOF_PLAINTEXT,
+        &proof_plaintext(generation),
     )
 }
 
-/// Whether a key proof opens under the key derived from `encryption_config`. Any failure to
-/// open is "no": a proof under another config, a damaged one and an unknown version all mean
-/// the published bundle does not carry this node's key.
-pub fn key_proof_opens(encryption_config: &[u8], binding: EntryBinding<'_>, sealed: &[u8]) -> bool {
+/// Whether a key proof opens under the key derived from `encryption_config` and names
+/// publication `generation`. Any failure is "no": a proof under another config, a damaged
+/// one, an unknown version, and one carried over from another publication all mean the
+/// published bundle does not (as far as anyone can prove) carry this node's key.
+pub fn key_proof_opens(
+    encryption_config: &[u8],
+    binding: EntryBinding<'_>,
+    sealed: &[u8],
+    generation: u64,
+) -> bool {
     open_bytes(&CertKey::for_key_proof(encryption_config), binding, sealed)
-        .is_ok_and(|text| text == PROOF_PLAINTEXT)
+        .is_ok_and(|text| text == proof_plaintext(generation))
 }
 
 /// Serializes a bundle to the version 1 plaintext.
@@ -792,11 +811,14 @@ mod tests {
             entry: "key-proof",
             token_id: "",
         };
-        let proof = seal_key_proof(b"config A", binding);
-        assert!(key_proof_opens(b"config A", binding, &proof));
-        assert!(!key_proof_opens(b"config B", binding, &proof));
-        assert!(!key_proof_opens(b"config A", BINDING, &proof));
-        assert!(!key_proof_opens(b"config A", binding, b"junk"));
+        let proof = seal_key_proof(b"config A", binding, 3);
+        assert!(key_proof_opens(b"config A", binding, &proof, 3));
+        assert!(!key_proof_opens(b"config B", binding, &proof, 3));
+        assert!(!key_proof_opens(b"config A", BINDING, &proof, 3));
+        assert!(!key_proof_opens(b"config A", binding, b"junk", 3));
+        // Bound to its publication: another generation's Secret cannot reuse it.
+        assert!(!key_proof_opens(b"config A", binding, &proof, 4));
+        assert!(!key_proof_opens(b"config A", binding, &proof, 2));
     }
 
     #[test]

@@ -935,3 +935,83 @@ async fn cluster_admins_binding_is_created_once_and_repaired() -> anyhow::Result
     server.shutdown().await;
     Ok(())
 }
+
+/// The key proof speaks for the publication it was sealed with: a Secret whose generation
+/// moved on (rewritten by hand, or by a writer that left the old proof in) no longer
+/// proves it carries this node's at-rest key.
+#[tokio::test]
+async fn a_key_proof_vouches_for_its_own_generation_only() -> anyhow::Result<()> {
+    let server = ApiServer::start().await?;
+    let client = server.client();
+    let (pki_dir, _) = shared_pki()?;
+    let config = b"kind: EncryptionConfiguration\n# secret: c2VjcmV0c2VjcmV0\n".to_vec();
+    std::fs::write(pki_dir.path().join(grants::ENCRYPTION_CONFIG_FILE), &config)?;
+    let files = grants::read_bundle_files(pki_dir.path())?;
+    let a = mint(&client, Duration::from_secs(3600)).await?;
+    upload(&client, &CertKey::generate(), &a, &files).await?;
+    assert!(
+        grants::published_bundle_carries_key(&client, Some(&config))
+            .await?
+            .carries
+    );
+    let api: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let mut secret = api.get(grants::SECRET_NAME).await?;
+    secret
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(grants::plan::GENERATION_ANNOTATION.into(), "2".into());
+    api.replace(grants::SECRET_NAME, &PostParams::default(), &secret)
+        .await?;
+    let state = grants::published_bundle_carries_key(&client, Some(&config)).await?;
+    assert!(
+        state.published && !state.carries,
+        "a generation-1 proof must not vouch for generation 2"
+    );
+    server.shutdown().await;
+    Ok(())
+}
+
+/// A rekey to the certificate-key already set is refused before anything is written:
+/// it would retire nothing the old key opens.
+#[tokio::test]
+async fn a_rekey_to_the_key_already_set_is_refused() -> anyhow::Result<()> {
+    let server = ApiServer::start().await?;
+    let client = server.client();
+    let (pki_dir, files) = shared_pki()?;
+    let a = mint(&client, Duration::from_secs(3600)).await?;
+    let current = CertKey::generate();
+    upload(&client, &current, &a, &files).await?;
+    let before = grant_secret(&client).await?.context("published")?;
+    let err = grants::rekey_shared_certs(
+        &client,
+        pki_dir.path(),
+        &current,
+        &UploadProfile::default(),
+        grants::no_confirm,
+    )
+    .await
+    .expect_err("a rekey to the same key must be refused");
+    assert!(err.to_string().contains("same key"), "{err}");
+    assert_eq!(grant_secret(&client).await?.context("kept")?, before);
+    // A fresh key goes through; the earlier one, no longer current, may be chosen again.
+    let fresh = CertKey::generate();
+    grants::rekey_shared_certs(
+        &client,
+        pki_dir.path(),
+        &fresh,
+        &UploadProfile::default(),
+        grants::no_confirm,
+    )
+    .await?;
+    grants::rekey_shared_certs(
+        &client,
+        pki_dir.path(),
+        &current,
+        &UploadProfile::default(),
+        grants::no_confirm,
+    )
+    .await?;
+    server.shutdown().await;
+    Ok(())
+}
