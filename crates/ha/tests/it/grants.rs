@@ -439,6 +439,23 @@ async fn damaged_swapped_or_misaddressed_entries_write_nothing() -> anyhow::Resu
         },
     )?;
 
+    // Sealed with a's key under a's own entry name, but for b's token id: only the token-id
+    // half of the binding tells it apart (a seal that left the token id out of the
+    // associated data would open).
+    let other_token = grants::envelope::seal_bundle(
+        &key_a,
+        EntryBinding {
+            secret: grants::SECRET_REF,
+            entry: &entry_a,
+            token_id: b.token.id(),
+        },
+        &grants::Bundle {
+            files: files.clone(),
+            generation: 99,
+            ..grants::Bundle::default()
+        },
+    )?;
+
     type Case<'a> = (&'a str, Vec<u8>, &'a CertKey, fn(&EnvelopeError) -> bool);
     let cases: Vec<Case<'_>> = vec![
         ("wrong key", sealed_a.clone(), &key_b, |e| {
@@ -452,6 +469,9 @@ async fn damaged_swapped_or_misaddressed_entries_write_nothing() -> anyhow::Resu
             *e == EnvelopeError::Authentication
         }),
         ("moved from another Secret", other_secret, &key_a, |e| {
+            *e == EnvelopeError::Authentication
+        }),
+        ("sealed for another token id", other_token, &key_a, |e| {
             *e == EnvelopeError::Authentication
         }),
         ("truncated", sealed_a[..20].to_vec(), &key_a, |e| {
