@@ -2,15 +2,18 @@
 //!
 //! Every function talks to real etcd members through `etcd-client` and takes the
 //! endpoints to try (`https://10.0.0.1:2379`, ...) plus [`EtcdOptions`] (mTLS material and
-//! timeouts). Decisions are pure functions in [`rules`]: which errors are retried
-//! ([`rules::classify_status`]), whether the cluster agrees on a leader
-//! ([`rules::judge_cluster`]), what a new member boots with ([`rules::initial_cluster`]).
+//! timeouts). Decisions are pure functions in [`rules`]: the one classifier of failures into
+//! typed classes ([`rules::classify_status`]) and what a member add does about each
+//! ([`rules::add_step`]), whom a health check asks and whether they agree on a leader
+//! ([`rules::probe_targets`], [`rules::judge_members`]), what a new member boots with
+//! ([`rules::initial_cluster`]).
 //!
-//! - Membership: [`member_add`] (journals the intent first, retries only etcd's
-//!   "unhealthy cluster" refusal), [`member_remove`], [`member_list_via`],
-//!   [`member_client_ips`], [`member_client_ips_via`], [`member_hosts_via`],
-//!   [`member_count`], [`join_state`].
-//! - Health: [`etcd_member_status`], [`etcd_cluster_healthy`] (fails closed).
+//! - Membership: [`member_add`] (journals the intent first, retries etcd's "unhealthy
+//!   cluster" refusal, reads an unanswered add back from the member list instead of
+//!   re-sending it), [`member_remove`], [`member_list_via`], [`member_client_ips`],
+//!   [`member_client_ips_via`], [`member_hosts_via`], [`member_count`], [`join_state`].
+//! - Health: [`etcd_member_status`], [`etcd_cluster_healthy`] (every voting member of the
+//!   member list, fails closed).
 //! - Storage: [`etcd_storage_at`], [`downgrade_etcd`].
 
 pub mod rules;
