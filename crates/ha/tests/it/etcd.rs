@@ -133,8 +133,15 @@ async fn membership_grows_refuses_fails_closed_and_shrinks() -> anyhow::Result<(
     // Kill a follower (not member 0, the survivor used below): health fails closed,
     // naming exactly that member. A follower, so the others keep their leader and the
     // only problem is the dead member.
+    // Answers come in member-list order: match them to cluster members by endpoint.
+    let is_follower = |i: usize| {
+        health
+            .members
+            .iter()
+            .any(|m| m.endpoint == cluster.endpoint(i) && m.member_id != Some(health.leader))
+    };
     let victim = (1..5)
-        .find(|&i| health.members[i].member_id != Some(health.leader))
+        .find(|&i| is_follower(i))
         .expect("four of five members are followers");
     let dead = cluster.endpoint(victim);
     let dead_peer = cluster.peer_url(victim);
@@ -398,11 +405,14 @@ async fn health_requires_every_listed_voting_member() -> anyhow::Result<()> {
 
     // Kill a follower that is not listed below; the two listed stay healthy themselves.
     let health = etcd::etcd_cluster_healthy(&opts, &cluster.endpoints()).await?;
-    let leader_index = health
-        .members
-        .iter()
-        .position(|m| m.member_id == Some(health.leader));
-    let victim = (0..3).rev().find(|&i| Some(i) != leader_index).unwrap();
+    // Answers come in member-list order: match them to cluster members by endpoint.
+    let leads = |i: usize| {
+        health
+            .members
+            .iter()
+            .any(|m| m.endpoint == cluster.endpoint(i) && m.member_id == Some(health.leader))
+    };
+    let victim = (0..3).rev().find(|&i| !leads(i)).unwrap();
     let dead = cluster.endpoint(victim);
     let listed: Vec<String> = (0..3)
         .filter(|&i| i != victim)
