@@ -1020,6 +1020,8 @@ mod tests {
             !text.contains("SECRET") && !text.contains("BEGIN"),
             "{text}"
         );
+        // Nor as the byte list a derived Debug prints ("S, E, C" = 83, 69, 67).
+        assert!(!text.contains("83, 69, 67"), "{text}");
         assert!(text.contains("redacted"), "{text}");
         let files = EtcdTls::from_paths("/pki/ca.crt", "/pki/c.crt", "/pki/c.key");
         assert!(format!("{files:?}").contains("/pki/c.key"));
