@@ -370,34 +370,43 @@ async fn down(node: &Node) -> anyhow::Result<ExitCode> {
 async fn reset(node: &Node) -> anyhow::Result<ExitCode> {
     let goal = OnceLock::new();
     let stuck: OnceLock<Option<PrefixError>> = OnceLock::new();
-    let kubelet_dir = node.root().kubelet_dir();
+    let resolved: OnceLock<Option<PathBuf>> = OnceLock::new();
     let tasks = vec![
         resolve_task(node, &goal),
         stop_task(node, &goal),
         func("unmount-kubelet-dir", || async {
-            let mut failed = hostnode::unmount::unmount_below_by_prefix(
+            // Resolved first: the mount table names real paths, and a kubelet directory
+            // that is itself a symlink is refused here, naming it.
+            let Some(dir) = hostnode::resolve_kubelet_dir(node.root())? else {
+                println!("node reset: no kubelet directory");
+                set(&resolved, None);
+                set(&stuck, None);
+                return Ok::<_, BoxError>(());
+            };
+            let failure = hostnode::unmount_kubelet_dir(
+                &dir,
                 &*node.hooks.mounter(),
                 node.hooks.mount_info.as_deref(),
-                std::slice::from_ref(&kubelet_dir),
             )
             .await?;
-            let failure = failed.remove(&kubelet_dir);
             if let Some(err) = &failure {
                 // Keep going: what did unmount can still be removed; the last phase
                 // fails the reset.
                 println!("node reset: {err}; those mounts and their contents are kept");
             }
+            set(&resolved, Some(dir));
             set(&stuck, failure);
             Ok::<_, BoxError>(())
         }),
         func("remove-kubelet-state", || async {
-            // The table as it is now, after the unmounts: only it says what is safe.
-            let table = hostnode::mountinfo::read(node.hooks.mount_info.as_deref())?;
-            let report = hostnode::remove::remove_contents(&kubelet_dir, &table)?;
+            let Some(dir) = get(&resolved, "the kubelet directory")? else {
+                return Ok::<_, BoxError>(());
+            };
+            let report = hostnode::remove_kubelet_state(dir, node.hooks.mount_info.as_deref())?;
             println!(
                 "node reset: removed {} entries below {}, kept {} mount(s)",
                 report.removed,
-                kubelet_dir.display(),
+                dir.display(),
                 report.kept.len()
             );
             Ok::<_, BoxError>(())

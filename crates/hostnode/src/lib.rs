@@ -43,7 +43,8 @@ pub mod unmount;
 
 pub use hooks::{HookError, Hooks, NetworkHook, SNAPSHOT_NAME, WaitHook};
 pub use reset::{
-    ClearReport, ResetError, clear_kubelet_dir, reset_cni_state, reset_kubelet_identity,
+    ClearReport, ResetError, clear_kubelet_dir, remove_kubelet_state, reset_cni_state,
+    reset_kubelet_identity, resolve_kubelet_dir, unmount_kubelet_dir,
 };
 pub use restart::{ChangedUnit, RestartError, restart_changed};
 

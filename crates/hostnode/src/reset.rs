@@ -1,6 +1,6 @@
 //! Forgetting what a stopped stack left: its kubelet client identity and its CNI state.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::HostRoot;
 use crate::configure::KUBELET_KUBECONFIG;
@@ -18,6 +18,18 @@ pub enum ResetError {
     /// The mount table could not be read, so nothing below it was removed.
     #[error(transparent)]
     MountTable(#[from] MountInfoError),
+    /// A removal failed, or was refused (a symlink where a directory belongs).
+    #[error(transparent)]
+    Remove(#[from] remove::RemoveError),
+    /// The mount table could not be read before unmounting.
+    #[error("cannot unmount below {}", dir.display())]
+    Unmount {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: MountInfoError,
+    },
     /// A mount is still in the way.
     #[error("{} is still mounted, so its contents were kept; unmount it (umount -l PATH) and reset again", path.display())]
     StillMounted {
@@ -71,10 +83,7 @@ pub fn reset_kubelet_identity(root: &HostRoot, ns: &NodeStart) -> Result<Vec<Pat
 /// range until the CNI's own pod rewrites it; host-local IPAM keeps reservations for pods
 /// that are gone. Add-on files go too: their DaemonSet pods write them again on start.
 /// `mount_info` is the mount table consulted so nothing is deleted through a mount.
-pub fn reset_cni_state(
-    root: &HostRoot,
-    mount_info: Option<&std::path::Path>,
-) -> Result<(), ResetError> {
+pub fn reset_cni_state(root: &HostRoot, mount_info: Option<&Path>) -> Result<(), ResetError> {
     let table = mountinfo::read(mount_info)?;
     for dir in [root.cni_config_dir(), root.cni_state_dir()] {
         let report = if dir == root.cni_config_dir() {
@@ -92,34 +101,84 @@ pub fn reset_cni_state(
 /// What [`clear_kubelet_dir`] did.
 #[derive(Debug, Default)]
 pub struct ClearReport {
+    /// The kubelet directory as resolved (`None`: it does not exist).
+    pub dir: Option<PathBuf>,
     /// Mounts below the kubelet directory that could not be unmounted.
     pub unmount_failures: Option<crate::unmount::PrefixError>,
     /// What the removal did; mounts still in place are in `kept`.
     pub removed: remove::RemoveReport,
 }
 
-/// Unmounts everything at or below the kubelet directory (deepest first, lazily), reads
-/// the mount table again, and removes the directory's contents that are no longer
-/// mounted, on one filesystem. Mounts that stayed are reported and left alone with their
-/// contents: nothing is deleted through a mount.
+/// Resolves the kubelet directory below `root` before anything is unmounted or removed
+/// in it, as kubeadm does: symlinks in the directories that lead to it are resolved (the
+/// mount table names real paths), but the kubelet directory itself being a symlink is
+/// refused, naming it, since what it points at is not the kubelet's to clear. `Ok(None)`:
+/// there is no kubelet directory.
+pub fn resolve_kubelet_dir(root: &HostRoot) -> Result<Option<PathBuf>, ResetError> {
+    let dir = root.kubelet_dir();
+    match std::fs::symlink_metadata(&dir) {
+        Ok(meta) if meta.file_type().is_symlink() => Err(remove::RemoveError::Symlink {
+            target: std::fs::read_link(&dir).unwrap_or_default(),
+            path: dir,
+        }
+        .into()),
+        Ok(meta) if !meta.is_dir() => Err(remove::RemoveError::NotADirectory { path: dir }.into()),
+        Ok(_) => Ok(Some(
+            std::fs::canonicalize(&dir).map_err(fs_err("resolve", &dir))?,
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(fs_err("inspect", &dir)(e).into()),
+    }
+}
+
+/// Lazily unmounts every mount strictly below the resolved kubelet directory `dir`,
+/// deepest first. A mount AT the directory (a dedicated disk, a bind of it) stays, as with
+/// kubeadm: nothing would mount it again. Returns the mounts that would not go.
+pub async fn unmount_kubelet_dir(
+    dir: &Path,
+    mounter: &dyn crate::unmount::Mounter,
+    mount_info: Option<&Path>,
+) -> Result<Option<crate::unmount::PrefixError>, ResetError> {
+    match crate::unmount::unmount_strictly_below(mounter, mount_info, &[dir.to_path_buf()]).await {
+        Ok(()) => Ok(None),
+        Err(crate::unmount::UnmountError::Table(source)) => Err(ResetError::Unmount {
+            dir: dir.to_path_buf(),
+            source,
+        }),
+        Err(crate::unmount::UnmountError::Prefixes(mut failed)) => Ok(failed.pop()),
+    }
+}
+
+/// Removes the contents of the resolved kubelet directory `dir` that are no longer
+/// mounted, on its own filesystem, by file descriptor (see [`remove`]). The mount table
+/// is read again here: only the one after the unmounts says what is still mounted (and a
+/// mount that appears later is recognised by its mount identity anyway).
+pub fn remove_kubelet_state(
+    dir: &Path,
+    mount_info: Option<&Path>,
+) -> Result<remove::RemoveReport, ResetError> {
+    let table = mountinfo::read(mount_info)?;
+    Ok(remove::remove_contents(dir, &table)?)
+}
+
+/// [`resolve_kubelet_dir`], [`unmount_kubelet_dir`] and [`remove_kubelet_state`] in a
+/// row: mounts that stayed are reported and left alone with their contents, nothing is
+/// deleted through a mount or a symlink.
 pub async fn clear_kubelet_dir(
     root: &HostRoot,
     mounter: &dyn crate::unmount::Mounter,
-    mount_info: Option<&std::path::Path>,
+    mount_info: Option<&Path>,
 ) -> Result<ClearReport, ResetError> {
-    let dir = root.kubelet_dir();
-    let mut failed =
-        crate::unmount::unmount_below_by_prefix(mounter, mount_info, std::slice::from_ref(&dir))
-            .await?;
-    let unmount_failures = failed.remove(&dir);
+    let Some(dir) = resolve_kubelet_dir(root)? else {
+        return Ok(ClearReport::default());
+    };
+    let unmount_failures = unmount_kubelet_dir(&dir, mounter, mount_info).await?;
     if let Some(err) = &unmount_failures {
         tracing::warn!(error = %err, "some pod volumes stay mounted; their contents are kept");
     }
-    // Re-read: the table before the unmounts is stale, and only the current one says
-    // what is safe to remove.
-    let table = mountinfo::read(mount_info)?;
-    let removed = remove::remove_contents(&dir, &table)?;
+    let removed = remove_kubelet_state(&dir, mount_info)?;
     Ok(ClearReport {
+        dir: Some(dir),
         unmount_failures,
         removed,
     })
