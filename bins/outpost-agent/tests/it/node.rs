@@ -300,9 +300,7 @@ fn reset_unmounts_and_deletes_nothing_through_a_mount() {
     let host = Host::new();
     let root = host.root();
     let k = root.join("var/lib/kubelet");
-    std::fs::create_dir_all(k.join("pki")).unwrap();
-    std::fs::write(k.join("pki/kubelet-client-current.pem"), b"cert").unwrap();
-    std::fs::write(k.join("cpu_manager_state"), b"{}").unwrap();
+    std::fs::create_dir_all(&k).unwrap();
     std::fs::create_dir_all(root.join("etc/cni/net.d")).unwrap();
     std::fs::write(root.join("etc/cni/net.d/10-flannel.conflist"), b"{}").unwrap();
     std::fs::create_dir_all(root.join("var/lib/cni/networks/cbr0")).unwrap();
@@ -323,6 +321,9 @@ fn reset_unmounts_and_deletes_nothing_through_a_mount() {
         r#"set -e
 K='{k}'
 mount -t tmpfs tmpfs "$K"
+mkdir -p "$K/pki"
+echo cert > "$K/pki/kubelet-client-current.pem"
+echo '{{}}' > "$K/cpu_manager_state"
 mkdir -p "$K/pods/p1/volumes/kubernetes.io~secret/tok" "$K/pods/p2/volumes/kubernetes.io~local-volume/my pv"
 mount -t tmpfs tmpfs "$K/pods/p1/volumes/kubernetes.io~secret/tok"
 echo secret > "$K/pods/p1/volumes/kubernetes.io~secret/tok/token"
@@ -330,6 +331,8 @@ mount --bind '{data}' "$K/pods/p2/volumes/kubernetes.io~local-volume/my pv"
 mount -t tmpfs tmpfs '{sibling}'
 echo sibling-tmpfs > '{sibling}/on-tmpfs'
 '{bin}' node reset --config '{config}' --host-root '{root}'
+echo "--- kubelet dir"
+ls -A "$K"
 echo "--- mounts"
 cat /proc/self/mountinfo
 echo "--- kubelet-x"
@@ -367,19 +370,23 @@ cat '{sibling}/on-tmpfs'
             "{phase} missing: {text}"
         );
     }
-    let (_, rest) = text.split_once("--- mounts\n").unwrap();
+    let (_, rest) = text.split_once("--- kubelet dir\n").unwrap();
+    let (listing, rest) = rest.split_once("--- mounts\n").unwrap();
+    assert_eq!(listing, "", "left in the kubelet directory");
     let (mounts, sibling_out) = rest.split_once("--- kubelet-x\n").unwrap();
-    let kubelet_mounts: Vec<&str> = mounts
+    let below: Vec<&str> = mounts
         .lines()
         .filter(|l| {
-            l.split(' ').nth(4).is_some_and(|p| {
-                p == k.to_str().unwrap() || p.starts_with(&format!("{}/", k.display()))
-            })
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|p| p.starts_with(&format!("{}/", k.display())))
         })
         .collect();
+    assert!(below.is_empty(), "still mounted: {below:?}");
+    // The kubelet directory's own mount (a dedicated disk) stays, as with kubeadm.
     assert!(
-        kubelet_mounts.is_empty(),
-        "still mounted: {kubelet_mounts:?}"
+        mounts.lines().any(|l| l.split(' ').nth(4) == k.to_str()),
+        "the mount at the kubelet directory was detached"
     );
     assert_eq!(
         sibling_out.trim(),
@@ -388,7 +395,7 @@ cat '{sibling}/on-tmpfs'
     );
 
     // Outside the namespace: the data behind the bind mount survived; the kubelet
-    // directory is empty (its tmpfs was detached, the directory below it emptied).
+    // directory below its tmpfs was never written.
     assert_eq!(std::fs::read(data.join("rows")).unwrap(), b"must survive");
     assert_eq!(std::fs::read_dir(&k).unwrap().count(), 0);
     assert!(root.join("etc/cni/net.d").is_dir());
@@ -588,4 +595,186 @@ fn up_with_local_dns_in_a_network_namespace_waits_for_real_answers() {
     );
     // Idempotent: a second down finds nothing to remove.
     assert!(agent("down").status.success());
+}
+
+/// Set in the re-executed test process to the name of the test it must run.
+const INNER_ENV: &str = "OUTPOST_AGENT_IT_INNER";
+
+/// Runs the calling test again in private mount and network namespaces
+/// (`unshare -m -n --propagation private`), filtered to this one test. Returns `true` in
+/// that inner process, where the caller runs its body (a process's other threads cannot
+/// be moved into a new mount namespace one by one, so the whole test binary is re-run).
+fn in_private_namespaces(test: &str) -> bool {
+    let name = format!("node::{test}");
+    if std::env::var(INNER_ENV).is_ok_and(|v| v == name) {
+        return true;
+    }
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "{name} needs root (it mounts in a private mount namespace): run the tests as root"
+    );
+    let exe = std::env::current_exe().expect("current test executable");
+    let out = Command::new("unshare")
+        .args(["-m", "-n", "--propagation", "private"])
+        .arg(&exe)
+        .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+        .env(INNER_ENV, &name)
+        .output()
+        .expect("unshare not found: apt-get install util-linux");
+    let out_text = stdout(&out);
+    print!("{out_text}");
+    eprint!("{}", stderr(&out));
+    assert!(
+        out.status.success(),
+        "{name} failed inside the namespaces ({})",
+        out.status
+    );
+    assert!(
+        out_text.contains("test result: ok. 1 passed"),
+        "{name}: the inner run did not run exactly this test"
+    );
+    false
+}
+
+/// Every regular file below `dir` with its bytes (symlinks not followed).
+fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    fn walk(dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                walk(&p, out);
+            } else if meta.is_file() {
+                out.insert(p.clone(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, &mut out);
+    out
+}
+
+/// Issue 17 (High): a container still running in its emptyDir swaps a directory with a
+/// symlink to somewhere outside the kubelet directory (`renameat2(RENAME_EXCHANGE)` in a
+/// loop) while `node reset` walks it. The real binary, in a private mount namespace,
+/// must remove nothing outside the kubelet directory. Several rounds, thousands of files
+/// each: a path-based walk loses files outside in every round.
+#[test]
+fn reset_race_with_a_symlink_exchange_touches_nothing_outside() {
+    if !in_private_namespaces("reset_race_with_a_symlink_exchange_touches_nothing_outside") {
+        return;
+    }
+    use nix::fcntl::{RenameFlags, renameat2};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let host = Host::new();
+    // Everything on a tmpfs of this namespace: nothing real can be touched even if the
+    // reset goes wrong.
+    let arena = host.path("arena");
+    std::fs::create_dir(&arena).unwrap();
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&arena)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount tmpfs");
+    let outside = arena.join("outside");
+    const FILES: usize = 500;
+    const PAIRS: usize = 3;
+    for sub in ["a", "b"] {
+        std::fs::create_dir_all(outside.join(sub)).unwrap();
+        for i in 0..FILES {
+            std::fs::write(outside.join(sub).join(format!("f{i}")), format!("{sub}{i}")).unwrap();
+        }
+    }
+    let before = tree(&outside);
+    let root = arena.join("root");
+    let k = root.join("var/lib/kubelet");
+    let scratch = k.join("pods/p1/volumes/kubernetes.io~empty-dir/scratch");
+    // The binary under test; set to run the race against another build (an old one, to
+    // see the test catch a path-based walk).
+    let bin = std::env::var("OUTPOST_AGENT_RACE_BIN").unwrap_or_else(|_| BIN.into());
+
+    for round in 0..6 {
+        // Each pair: a symlink to `outside` first, then a directory with the same shape.
+        // tmpfs lists the newest entry first, so the walk meets a directory before its
+        // symlink and the exchanges go on while it is emptied.
+        std::fs::create_dir_all(&scratch).unwrap();
+        for pair in 0..PAIRS {
+            std::os::unix::fs::symlink(&outside, scratch.join(format!("s{pair}"))).unwrap();
+            for sub in ["a", "b"] {
+                let d = scratch.join(format!("d{pair}")).join(sub);
+                std::fs::create_dir_all(&d).unwrap();
+                for i in 0..FILES {
+                    std::fs::write(d.join(format!("f{i}")), b"pod").unwrap();
+                }
+            }
+        }
+        std::fs::write(k.join("cpu_manager_state"), b"{}").unwrap();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let swaps = Arc::new(AtomicU64::new(0));
+        let dir = std::fs::File::open(&scratch).unwrap();
+        let swapper = {
+            let (stop, swaps) = (stop.clone(), swaps.clone());
+            std::thread::spawn(move || {
+                let names: Vec<(String, String)> = (0..PAIRS)
+                    .map(|p| (format!("d{p}"), format!("s{p}")))
+                    .collect();
+                while !stop.load(Ordering::Relaxed) {
+                    let mut any = false;
+                    for (d, s) in &names {
+                        // Fails once the reset removed one of the two.
+                        if renameat2(
+                            &dir,
+                            d.as_str(),
+                            &dir,
+                            s.as_str(),
+                            RenameFlags::RENAME_EXCHANGE,
+                        )
+                        .is_ok()
+                        {
+                            swaps.fetch_add(1, Ordering::Relaxed);
+                            any = true;
+                        }
+                    }
+                    if !any {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        };
+        let out = Command::new(&bin)
+            .args(["node", "reset", "--config", &host.config("old.yaml")])
+            .arg("--host-root")
+            .arg(&root)
+            .env("OUTPOST_SYSTEMCTL", host.path("systemctl"))
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        eprintln!(
+            "round {round}: {} exchanges\n{}{}",
+            swaps.load(Ordering::Relaxed),
+            stdout(&out),
+            stderr(&out)
+        );
+        let after = tree(&outside);
+        let lost: Vec<_> = before.keys().filter(|p| !after.contains_key(*p)).collect();
+        assert!(
+            lost.is_empty(),
+            "round {round}: the reset removed {} file(s) outside the kubelet directory, e.g. {:?}",
+            lost.len(),
+            &lost[..lost.len().min(3)]
+        );
+        assert_eq!(after, before, "round {round}: files outside changed");
+        assert!(out.status.success(), "round {round}: reset failed");
+        assert_eq!(
+            std::fs::read_dir(&k).unwrap().count(),
+            0,
+            "round {round}: the kubelet directory is not empty"
+        );
+    }
 }
