@@ -121,7 +121,13 @@ pub fn remove_tree(path: &Path, table: &[MountEntry]) -> Result<RemoveReport, Re
     // The parent is the reference only for deciding whether `path` itself is a mount;
     // below it, `path`'s own mount is.
     let walker = Walker::new(&parent_st, table);
-    walker.remove_entry(&parent_fd, name, path, &mut report)?;
+    let cname = CString::new(name.as_bytes()).map_err(|_| not_a_directory(path))?;
+    match statx_at(&parent_fd, &cname) {
+        Err(Errno::NOENT) => return Ok(report),
+        Err(e) => return Err(fs("inspect", path, e).into()),
+        Ok(_) => {}
+    }
+    walker.remove_at(&parent_fd, &cname, path, &mut report)?;
     Ok(report)
 }
 
@@ -228,18 +234,6 @@ impl<'t> Walker<'t> {
             }
         }
         Ok(empty)
-    }
-
-    /// [`Walker::remove_at`] for a name given as an `OsStr`.
-    fn remove_entry(
-        &self,
-        dir: &OwnedFd,
-        name: &OsStr,
-        path: &Path,
-        report: &mut RemoveReport,
-    ) -> Result<Outcome, RemoveError> {
-        let name = CString::new(name.as_bytes()).map_err(|_| not_a_directory(path))?;
-        self.remove_at(dir, &name, path, report)
     }
 
     /// Removes the entry `name` of the open directory `dir`, and everything below it

@@ -25,6 +25,16 @@ impl Mounter for Observed {
             SyscallMounter.unmount_lazy(path).await
         })
     }
+
+    fn unmount_mount<'a>(&'a self, path: &'a Path, id: u32) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.order.lock().unwrap().push(path.to_path_buf());
+            if self.refuse.iter().any(|p| p == path) {
+                return Err("refused by the test (stands in for a mount that will not go)".into());
+            }
+            SyscallMounter.unmount_mount(path, id).await
+        })
+    }
 }
 
 #[test]
@@ -351,8 +361,42 @@ fn reset_keeps_a_disk_mounted_at_the_kubelet_dir() {
     assert!(report.removed.kept.is_empty(), "{:?}", report.removed.kept);
     assert_eq!(
         mounts_below(&k),
-        [k.clone()],
+        vec![k.clone()],
         "the disk at the kubelet dir stays"
     );
     assert_eq!(std::fs::read_dir(&k).unwrap().count(), 0);
+}
+
+/// The real unmount checks mount identity: a path that leads through a symlink, or to a
+/// mount other than the one the table named, is not detached.
+#[test]
+fn unmount_checks_the_mount_identity_and_never_follows_a_symlink() {
+    if !in_private_mount_ns(
+        module_path!(),
+        "unmount_checks_the_mount_identity_and_never_follows_a_symlink",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let elsewhere = tmp.path().join("elsewhere/vol");
+    mount_tmpfs(&elsewhere);
+    let id = hostnode::mountinfo::read(None)
+        .unwrap()
+        .into_iter()
+        .find(|m| m.mount_point == elsewhere)
+        .unwrap()
+        .id;
+    // A pod directory swapped for a symlink to where the mount really is.
+    let pod = tmp.path().join("k/pods/p");
+    std::fs::create_dir_all(pod.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("elsewhere"), &pod).unwrap();
+    let err = block_on(SyscallMounter.unmount_mount(&pod.join("vol"), id)).unwrap_err();
+    assert!(err.contains("symlink"), "{err}");
+    assert_eq!(mounts_below(&elsewhere), vec![elsewhere.clone()]);
+    // The right path with another mount's id: left alone.
+    block_on(SyscallMounter.unmount_mount(&elsewhere, id + 100_000)).unwrap();
+    assert_eq!(mounts_below(&elsewhere), vec![elsewhere.clone()]);
+    // The right path and id: detached.
+    block_on(SyscallMounter.unmount_mount(&elsewhere, id)).unwrap();
+    assert!(mounts_below(&elsewhere).is_empty());
 }
