@@ -264,7 +264,7 @@ fn stop_task<'a>(node: &'a Node, goal: &'a OnceLock<MachineGoalState>) -> Task<'
         let g = get(goal, "the goal state")?;
         // Kubelet first: it must not see its runtime vanish and start evicting.
         for unit in g.node_start.units().iter().rev() {
-            node.systemctl(&["stop", unit]).await?;
+            node.systemctl(&["stop", "--", unit]).await?;
         }
         Ok::<_, BoxError>(())
     })
@@ -318,13 +318,13 @@ async fn up(node: &Node) -> anyhow::Result<ExitCode> {
             if *get(&was_running, "whether the stack runs")? {
                 // Already up: a start would not reread the configuration.
                 hostnode::restart_changed(&a.units, true, |unit| async move {
-                    node.systemctl(&["restart", &unit]).await
+                    node.systemctl(&["restart", "--", &unit]).await
                 })
                 .await
                 .map_err(|e| hostnode::error_chain(&e))?;
             } else {
                 for unit in g.node_start.units() {
-                    node.systemctl(&["start", &unit]).await?;
+                    node.systemctl(&["start", "--", &unit]).await?;
                 }
             }
             Ok::<_, BoxError>(())
@@ -476,7 +476,7 @@ async fn upgrade(node: &Node) -> anyhow::Result<ExitCode> {
             let a = get(&applied, "the configuration change")?;
             let running = *get(&was_running, "whether the stack runs")?;
             let restarted = hostnode::restart_changed(&a.units, running, |unit| async move {
-                node.systemctl(&["restart", &unit]).await
+                node.systemctl(&["restart", "--", &unit]).await
             })
             .await
             .map_err(|e| hostnode::error_chain(&e))?;
@@ -550,7 +550,7 @@ async fn rollback(
             problems.push(hostnode::error_chain(&e));
         }
         if let Err(e) = hostnode::restart_changed(&a.units, was_running, |unit| async move {
-            node.systemctl(&["restart", &unit]).await
+            node.systemctl(&["restart", "--", &unit]).await
         })
         .await
         {

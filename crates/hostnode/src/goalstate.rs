@@ -396,8 +396,14 @@ impl AgentConfig {
                 reason: reason.into(),
             })
         };
-        if self.node_name.is_empty() {
-            return invalid("nodeName", "must not be empty");
+        if let Err(why) = check_dns_subdomain(&self.node_name) {
+            // Rendered into the kubelet's unit drop-in: a newline would add a directive.
+            return invalid("nodeName", &why);
+        }
+        for (field, unit) in self.unit_names() {
+            if let Err(why) = check_unit_name(unit) {
+                return invalid(&field, &why);
+            }
         }
         if !self.kubelet.config.is_null() && !self.kubelet.config.is_mapping() {
             return invalid(
@@ -408,7 +414,9 @@ impl AgentConfig {
         let slot_args = self.slots.values().flat_map(|s| s.extra_args.iter());
         if let Some(arg) = self.kubelet.extra_args.iter().chain(slot_args).find(|a| {
             a.is_empty()
-                || a.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\' || c == '%')
+                || a.contains(|c: char| {
+                    c.is_whitespace() || c.is_control() || c == '"' || c == '\\' || c == '%'
+                })
         }) {
             // The flags end up in a systemd Environment= line, which would split or
             // reinterpret them.
@@ -459,9 +467,110 @@ impl AgentConfig {
                     "must be 1-15 characters, no '/' or spaces",
                 );
             }
+            if dns.interface.starts_with('-')
+                || !dns
+                    .interface
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+                || dns.interface == "."
+                || dns.interface == ".."
+            {
+                return invalid(
+                    "localDNS.interface",
+                    "use letters, digits, '-', '_' and '.' only, not starting with '-'",
+                );
+            }
+            if dns.port == 0 {
+                return invalid("localDNS.port", "must be 1-65535");
+            }
+            if dns.ready_timeout_seconds == 0
+                || dns.ready_timeout_seconds > MAX_READY_TIMEOUT_SECONDS
+            {
+                return invalid(
+                    "localDNS.readyTimeoutSeconds",
+                    &format!("must be 1-{MAX_READY_TIMEOUT_SECONDS}"),
+                );
+            }
+            if dns.probe_name.is_empty()
+                || dns.probe_name.len() > 255
+                || dns
+                    .probe_name
+                    .contains(|c: char| c.is_whitespace() || c.is_control())
+            {
+                return invalid(
+                    "localDNS.probeName",
+                    "must be a DNS name (1-255 characters, no spaces or control characters)",
+                );
+            }
         }
         Ok(())
     }
+}
+
+/// The longest LocalDNS readiness wait a configuration may ask for (one hour).
+pub const MAX_READY_TIMEOUT_SECONDS: u64 = 3600;
+
+impl AgentConfig {
+    /// Every systemd unit name the configuration sets, with its field.
+    fn unit_names(&self) -> Vec<(String, &str)> {
+        let mut units = vec![
+            ("kubelet.unit".to_string(), self.kubelet.unit.as_str()),
+            ("containerd.unit".to_string(), self.containerd.unit.as_str()),
+        ];
+        for (slot, spec) in &self.slots {
+            if let Some(u) = &spec.kubelet_unit {
+                units.push((format!("slots.{slot}.kubeletUnit"), u));
+            }
+            if let Some(u) = &spec.containerd_unit {
+                units.push((format!("slots.{slot}.containerdUnit"), u));
+            }
+        }
+        units
+    }
+}
+
+/// Checks a systemd service unit name: it becomes a path below the unit directory
+/// (`<unit>.d/`) and an argument of `systemctl`, so it must be a plain unit name:
+/// `name.service` (or `name@instance.service`), at most 255 bytes, of ASCII letters,
+/// digits and `:-_.@`, not starting with `-` or `.`. No `/`, no `..`.
+pub fn check_unit_name(unit: &str) -> Result<(), String> {
+    let Some(stem) = unit.strip_suffix(".service") else {
+        return Err(format!(
+            "{unit:?} is not a systemd service unit name: write it in full, e.g. kubelet.service"
+        ));
+    };
+    if stem.is_empty()
+        || unit.len() > 255
+        || unit.starts_with(['-', '.'])
+        || unit.contains("..")
+        || !unit
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'-' | b'_' | b'.' | b'@'))
+    {
+        return Err(format!(
+            "{unit:?} is not a systemd unit name: use letters, digits and \":-_.@\", ending in .service, no '/' or \"..\""
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a Kubernetes node name: a DNS-1123 subdomain (at most 253 characters of
+/// lowercase letters, digits, `-` and `.`, each dot-separated label starting and ending
+/// with a letter or digit).
+pub fn check_dns_subdomain(name: &str) -> Result<(), String> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!(
+            "{name:?} is not a valid node name: a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', at most 253 characters, starting and ending with a letter or digit)"
+        ));
+    }
+    Ok(())
 }
 
 fn valid_token(token: &str) -> bool {
@@ -677,5 +786,62 @@ slots:
             AgentConfig::parse(&ex, Path::new("a")).unwrap().auth.name(),
             "exec-credential"
         );
+    }
+
+    #[test]
+    fn unit_names_and_node_names_are_checked_at_load() {
+        for (from, to, field) in [
+            (
+                "nodeName: worker-1",
+                "nodeName: \"worker-1\\nExecStartPre=/bin/sh -c id\"",
+                "nodeName",
+            ),
+            ("nodeName: worker-1", "nodeName: Worker_1", "nodeName"),
+            ("nodeName: worker-1", "nodeName: \"\"", "nodeName"),
+            (
+                "kubeletUnit: kubelet-blue.service",
+                "kubeletUnit: ../../../../escape.service",
+                "slots.blue.kubeletUnit",
+            ),
+            (
+                "kubeletUnit: kubelet-blue.service",
+                "kubeletUnit: kubelet-blue",
+                "slots.blue.kubeletUnit",
+            ),
+            (
+                "kubeletUnit: kubelet-blue.service",
+                "kubeletUnit: \"--force.service\"",
+                "slots.blue.kubeletUnit",
+            ),
+            (
+                "extraArgs: [--v=2]",
+                "extraArgs: [\"--v=2\\u0007\"]",
+                "kubelet.extraArgs",
+            ),
+            (
+                "listeners: [169.254.20.10]",
+                "listeners: [169.254.20.10]\n  interface: \"-x\"",
+                "localDNS.interface",
+            ),
+            (
+                "listeners: [169.254.20.10]",
+                "listeners: [169.254.20.10]\n  readyTimeoutSeconds: 18446744073709551615",
+                "localDNS.readyTimeoutSeconds",
+            ),
+        ] {
+            let text = CONFIG.replace(from, to);
+            assert_ne!(text, CONFIG, "{to}");
+            let err = AgentConfig::parse(&text, Path::new("a.yaml")).unwrap_err();
+            assert!(err.to_string().contains(field), "{to}: {err}");
+        }
+        let unit = CONFIG.replace(
+            "slots:",
+            "containerd:\n  unit: containerd@x.service\nslots:",
+        );
+        let unit = unit.replace("containerd:\n  config: |\n    version = 2\n", "");
+        AgentConfig::parse(&unit, Path::new("a.yaml")).unwrap();
+        check_dns_subdomain("ip-10-0-0-1.eu-west-1.compute.internal").unwrap();
+        assert!(check_dns_subdomain("a..b").is_err());
+        assert!(check_dns_subdomain(&"a".repeat(254)).is_err());
     }
 }

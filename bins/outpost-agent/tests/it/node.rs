@@ -59,8 +59,8 @@ case "$1" in
     if [ -e {d}/stopped ]; then echo inactive; exit 3; fi
     echo active; exit 0 ;;
   restart)
-    if [ "$2" = kubelet.service ] && [ -e {d}/crash-on-kubelet-restart ]; then kill -9 $PPID; sleep 1; exit 1; fi
-    if [ "$2" = kubelet.service ] && [ -e {d}/fail-kubelet-restart ]; then
+    if [ "$3" = kubelet.service ] && [ -e {d}/crash-on-kubelet-restart ]; then kill -9 $PPID; sleep 1; exit 1; fi
+    if [ "$3" = kubelet.service ] && [ -e {d}/fail-kubelet-restart ]; then
       echo "Job for kubelet.service failed because the control process exited with error code." >&2; exit 1
     fi ;;
 esac
@@ -189,15 +189,15 @@ fn upgrade_rolls_back_byte_for_byte_when_the_kubelet_restart_fails() {
     assert_eq!(
         host.systemctl_log(),
         [
-            "is-active containerd.service",
-            "is-active kubelet.service",
+            "is-active -- containerd.service",
+            "is-active -- kubelet.service",
             "daemon-reload",
-            "restart containerd.service",
-            "restart kubelet.service",
+            "restart -- containerd.service",
+            "restart -- kubelet.service",
             // Rollback: reload the restored drop-in, restart onto the old configuration.
             "daemon-reload",
-            "restart containerd.service",
-            "restart kubelet.service",
+            "restart -- containerd.service",
+            "restart -- kubelet.service",
         ]
     );
 
@@ -223,7 +223,10 @@ fn upgrade_rolls_back_byte_for_byte_when_the_kubelet_restart_fails() {
     assert_eq!(host.etc(), after);
     assert_eq!(
         host.systemctl_log(),
-        ["is-active containerd.service", "is-active kubelet.service"]
+        [
+            "is-active -- containerd.service",
+            "is-active -- kubelet.service"
+        ]
     );
 }
 
@@ -411,7 +414,7 @@ cat '{sibling}/on-tmpfs'
     let log = host.systemctl_log();
     assert_eq!(
         log[..2],
-        ["stop kubelet.service", "stop containerd.service"]
+        ["stop -- kubelet.service", "stop -- containerd.service"]
     );
 }
 
@@ -424,11 +427,11 @@ fn up_starts_a_stopped_stack_then_is_steady_and_down_stops_kubelet_first() {
     assert_eq!(
         host.systemctl_log(),
         [
-            "is-active containerd.service",
-            "is-active kubelet.service",
+            "is-active -- containerd.service",
+            "is-active -- kubelet.service",
             "daemon-reload",
-            "start containerd.service",
-            "start kubelet.service",
+            "start -- containerd.service",
+            "start -- kubelet.service",
         ]
     );
     let written = host.etc();
@@ -454,7 +457,10 @@ fn up_starts_a_stopped_stack_then_is_steady_and_down_stops_kubelet_first() {
     assert!(out.status.success());
     assert_eq!(
         host.systemctl_log(),
-        ["is-active containerd.service", "is-active kubelet.service"]
+        [
+            "is-active -- containerd.service",
+            "is-active -- kubelet.service"
+        ]
     );
     assert_eq!(
         std::fs::metadata(&dropin).unwrap().modified().unwrap(),
@@ -466,7 +472,7 @@ fn up_starts_a_stopped_stack_then_is_steady_and_down_stops_kubelet_first() {
     assert!(out.status.success());
     assert_eq!(
         host.systemctl_log(),
-        ["stop kubelet.service", "stop containerd.service"]
+        ["stop -- kubelet.service", "stop -- containerd.service"]
     );
 }
 
@@ -777,4 +783,44 @@ fn reset_race_with_a_symlink_exchange_touches_nothing_outside() {
             "round {round}: the kubelet directory is not empty"
         );
     }
+}
+
+/// Issue 17 (Medium): a `nodeName` with a newline would add an `ExecStartPre=` line to
+/// the kubelet's unit drop-in (a root command at its next start); a unit name with `../`
+/// would write a drop-in outside `--host-root`. Both are refused when the configuration
+/// loads, naming the field, and nothing is written anywhere.
+#[test]
+fn config_values_cannot_inject_unit_directives_or_escape_the_host_root() {
+    let host = Host::new();
+    let injected = CONFIG.replace(
+        "nodeName: worker-1",
+        "nodeName: \"worker-1\\nExecStartPre=/bin/touch /tmp/outpost-pwned\"",
+    );
+    std::fs::write(host.path("inject.yaml"), injected).unwrap();
+    let escape = CONFIG.replace(
+        "kubelet:\n",
+        "kubelet:\n  unit: ../../../../escape.service\n",
+    );
+    std::fs::write(host.path("escape.yaml"), escape).unwrap();
+
+    for (config, field) in [("inject.yaml", "nodeName"), ("escape.yaml", "kubelet.unit")] {
+        let out = host.node(&["up", "--config", &host.config(config)]);
+        assert_eq!(out.status.code(), Some(1), "{config} was accepted");
+        let err = stderr(&out);
+        assert!(err.contains(field), "{config}: {err}");
+        assert!(
+            !host.root().join("etc").exists(),
+            "{config}: something was written below the host root"
+        );
+    }
+    // The `../` unit name resolves to a directory beside the host root.
+    assert!(
+        !host.path("escape.service.d").exists(),
+        "wrote outside --host-root"
+    );
+    assert!(
+        host.systemctl_log().is_empty(),
+        "systemctl ran: {:?}",
+        host.systemctl_log()
+    );
 }
