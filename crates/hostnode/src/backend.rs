@@ -151,8 +151,8 @@ mod tests {
         assert_eq!(
             runner.commands(),
             [
-                "systemctl is-active containerd.service",
-                "systemctl is-active kubelet.service"
+                "systemctl is-active -- containerd.service",
+                "systemctl is-active -- kubelet.service"
             ]
         );
     }
