@@ -163,8 +163,8 @@ impl AuthMode {
     }
 }
 
-/// Bootstrap token authentication.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Bootstrap token authentication. `Debug` leaves the token's secret half out.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BootstrapToken {
     /// The API server URL.
@@ -175,12 +175,34 @@ pub struct BootstrapToken {
     pub ca_file: PathBuf,
 }
 
-/// A kubeconfig given in full.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A kubeconfig given in full. `Debug` leaves the contents (client keys, tokens) out.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubeconfigAuth {
     /// The kubeconfig's contents.
     pub content: String,
+}
+
+impl std::fmt::Debug for BootstrapToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let id = self.token.split_once('.').map_or("?", |(id, _)| id);
+        f.debug_struct("BootstrapToken")
+            .field("api_server", &self.api_server)
+            .field("token", &format_args!("{id}.<redacted>"))
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for KubeconfigAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeconfigAuth")
+            .field(
+                "content",
+                &format_args!("<redacted, {} bytes>", self.content.len()),
+            )
+            .finish()
+    }
 }
 
 /// Exec credential plugin authentication.
@@ -342,13 +364,14 @@ pub enum GoalStateError {
         source: std::io::Error,
     },
     /// The configuration is not valid YAML of the expected shape.
-    #[error("agent configuration {} is not valid", path.display())]
+    #[error("agent configuration {} is not valid: {reason}", path.display())]
     Parse {
         /// The file.
         path: PathBuf,
-        /// The parser's message (it names the field and position).
-        #[source]
-        source: serde_yaml::Error,
+        /// The parser's message: the field path, what was expected and the position.
+        /// Values from the file are left out (a misshapen `auth` block would otherwise
+        /// be echoed, bootstrap token and all).
+        reason: String,
     },
     /// A field has a value that cannot work.
     #[error("agent configuration: {field}: {reason}")]
@@ -381,9 +404,9 @@ impl AgentConfig {
     /// Parses and validates configuration text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self, GoalStateError> {
         let config: AgentConfig =
-            serde_yaml::from_str(text).map_err(|source| GoalStateError::Parse {
+            serde_yaml::from_str(text).map_err(|err| GoalStateError::Parse {
                 path: path.to_path_buf(),
-                source,
+                reason: redact_values(&err.to_string()),
             })?;
         config.validate()?;
         Ok(config)
@@ -571,6 +594,46 @@ pub fn check_dns_subdomain(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// A parser message with the values of the input left out: a double-quoted value
+/// becomes `<value>`, a back-quoted name stays only when it looks like a field name
+/// (ASCII letters, digits, `_`, `-`; at most 40 characters).
+fn redact_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                let mut escaped = false;
+                for d in chars.by_ref() {
+                    match d {
+                        '\\' if !escaped => escaped = true,
+                        '"' if !escaped => break,
+                        _ => escaped = false,
+                    }
+                }
+                out.push_str("<value>");
+            }
+            '`' => {
+                let name: String = chars.by_ref().take_while(|d| *d != '`').collect();
+                let field_like = !name.is_empty()
+                    && name.len() <= 40
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                if field_like {
+                    out.push('`');
+                    out.push_str(&name);
+                    out.push('`');
+                } else {
+                    out.push_str("<value>");
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 fn valid_token(token: &str) -> bool {
@@ -843,5 +906,51 @@ slots:
         check_dns_subdomain("ip-10-0-0-1.eu-west-1.compute.internal").unwrap();
         assert!(check_dns_subdomain("a..b").is_err());
         assert!(check_dns_subdomain(&"a".repeat(254)).is_err());
+    }
+
+    /// Issue 17: a misshapen `auth` block must not echo the bootstrap token in the
+    /// parse error (field paths only), and `Debug` of the configuration leaves secrets
+    /// out.
+    #[test]
+    fn secrets_stay_out_of_parse_errors_and_debug() {
+        let secret = "0123456789abcdef";
+        let full = "  bootstrapToken:\n    apiServer: https://10.0.0.1:6443\n    token: abcdef.0123456789abcdef\n    caFile: /etc/kubernetes/pki/ca.crt\n";
+        for (from, to, path) in [
+            (
+                full,
+                "  bootstrapToken: abcdef.0123456789abcdef\n",
+                "auth.bootstrapToken",
+            ),
+            ("auth:\n", "auth: abcdef.0123456789abcdef\nx:\n", "auth"),
+            (
+                "    caFile: /etc/kubernetes/pki/ca.crt\n",
+                "    caFile: /etc/kubernetes/pki/ca.crt\n    abcdef.0123456789abcdef: 1\n",
+                "auth.bootstrapToken",
+            ),
+            (
+                "    token: abcdef.0123456789abcdef\n",
+                "    token: \"abcdef.0123456789abcdef\\\"x\"\n    bad: 1\n",
+                "auth.bootstrapToken",
+            ),
+        ] {
+            let text = CONFIG.replace(from, to);
+            assert_ne!(text, CONFIG);
+            let err = AgentConfig::parse(&text, Path::new("a.yaml")).unwrap_err();
+            let msg = crate::error_chain(&err);
+            assert!(!msg.contains(secret), "{msg}");
+            assert!(msg.contains(path) && msg.contains("line "), "{msg}");
+        }
+        let kc = CONFIG.replace(
+            full,
+            "  kubeconfig:\n    content: \"client-key-data: c2VjcmV0\"\n",
+        );
+        for config in [config(), AgentConfig::parse(&kc, Path::new("a")).unwrap()] {
+            let debug = format!("{config:?} {:?}", resolve_machine(&config, "").unwrap());
+            assert!(
+                !debug.contains(secret) && !debug.contains("c2VjcmV0"),
+                "{debug}"
+            );
+        }
+        assert!(format!("{:?}", config().auth).contains("abcdef.<redacted>"));
     }
 }
