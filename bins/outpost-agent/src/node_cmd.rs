@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use anyhow::Context;
 use hostnode::backend::{HostBackend, IsolationBackend, SlotRef};
@@ -61,6 +62,11 @@ pub struct Args {
     /// The mount table to read (default /proc/self/mountinfo).
     #[arg(long, value_name = "FILE")]
     pub mountinfo: Option<PathBuf>,
+    /// How long one host command (systemctl, ip, umount) may run before it is killed and
+    /// the phase fails.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub command_timeout_seconds: u64,
 }
 
 /// Flags of `outpost-agent node status`.
@@ -108,7 +114,8 @@ impl Node {
             })?),
             None => HostRoot::real(),
         };
-        let mut runner = HostRunner::new();
+        let mut runner =
+            HostRunner::new().with_timeout(Duration::from_secs(args.command_timeout_seconds));
         if let Some(systemctl) = &args.systemctl {
             tracing::warn!(systemctl = %systemctl.display(), "systemctl substituted (test/dev hook)");
             runner = runner.with_program("systemctl", systemctl);
