@@ -14,6 +14,7 @@ use anyhow::Context;
 use hostnode::backend::{HostBackend, IsolationBackend, SlotRef};
 use hostnode::configure::{self, Applied};
 use hostnode::goalstate::{AgentConfig, MachineGoalState};
+use hostnode::lock::NodeLock;
 use hostnode::phases::{self, BoxError, PhaseError, Progress, Task, func};
 use hostnode::runner::{Cmd, HostRunner, RunError, Runner};
 use hostnode::snapshot::{self, Snapshot};
@@ -89,11 +90,30 @@ pub enum Output {
 }
 
 pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
+    // Commands that change the host take the node lock for their whole run: two at once
+    // (an upgrade and a reset) would undo each other's steps. Status only reads.
+    let locked = |args: &Args, name: &str| -> anyhow::Result<(Node, NodeLock)> {
+        let node = Node::new(args)?;
+        let lock = NodeLock::acquire(node.root(), &format!("node {name}"))?;
+        Ok((node, lock))
+    };
     match cmd {
-        Command::Up(args) => up(&Node::new(&args)?).await,
-        Command::Down(args) => down(&Node::new(&args)?).await,
-        Command::Reset(args) => reset(&Node::new(&args)?).await,
-        Command::Upgrade(args) => upgrade(&Node::new(&args)?).await,
+        Command::Up(args) => {
+            let (node, _lock) = locked(&args, "up")?;
+            up(&node).await
+        }
+        Command::Down(args) => {
+            let (node, _lock) = locked(&args, "down")?;
+            down(&node).await
+        }
+        Command::Reset(args) => {
+            let (node, _lock) = locked(&args, "reset")?;
+            reset(&node).await
+        }
+        Command::Upgrade(args) => {
+            let (node, _lock) = locked(&args, "upgrade")?;
+            upgrade(&node).await
+        }
         Command::Status(args) => status(&Node::new(&args.common)?, args.output).await,
     }
 }

@@ -22,6 +22,7 @@
 //!   [`backend::HostBackend`] is the host (`none`) mode over systemd units.
 //! - [`runner`]: every host command goes through the [`runner::Runner`] trait, with a
 //!   recording double for unit tests.
+//! - [`lock`]: one `node` command at a time, the holder named.
 //! - [`Hooks`]: the seams a node exposes to tests; the zero value is the real host.
 
 use std::path::{Path, PathBuf};
@@ -32,6 +33,7 @@ pub mod fsutil;
 pub mod goalstate;
 mod hooks;
 pub mod localdns;
+pub mod lock;
 pub mod mountinfo;
 pub mod phases;
 pub mod remove;

@@ -58,6 +58,8 @@ case "$1" in
   is-active)
     if [ -e {d}/stopped ]; then echo inactive; exit 3; fi
     echo active; exit 0 ;;
+  stop)
+    while [ -e {d}/hold-stop ]; do sleep 0.05; done ;;
   restart)
     if [ "$3" = kubelet.service ] && [ -e {d}/crash-on-kubelet-restart ]; then kill -9 $PPID; sleep 1; exit 1; fi
     if [ "$3" = kubelet.service ] && [ -e {d}/fail-kubelet-restart ]; then
@@ -823,4 +825,55 @@ fn config_values_cannot_inject_unit_directives_or_escape_the_host_root() {
         "systemctl ran: {:?}",
         host.systemctl_log()
     );
+}
+
+/// Issue 17: `node` commands take a lock; a second one while the first runs is refused,
+/// naming the holder, and changes nothing.
+#[test]
+fn two_node_commands_at_once_refuse_naming_the_holder() {
+    let host = Host::new();
+    host.mark("hold-stop", true);
+    let mut first = Command::new(BIN)
+        .args(["node", "down", "--config", &host.config("old.yaml")])
+        .arg("--host-root")
+        .arg(host.root())
+        .env("OUTPOST_SYSTEMCTL", host.path("systemctl"))
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the first one is inside its stop phase (it holds the lock).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !host.systemctl_log().iter().any(|l| l.starts_with("stop")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first command never reached its stop phase"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    let second = host.node(&["reset", "--config", &host.config("old.yaml")]);
+    assert_eq!(second.status.code(), Some(1));
+    let err = stderr(&second);
+    assert!(
+        err.contains("another node command is running")
+            && err.contains(&format!("pid {}: outpost-agent node down", first.id())),
+        "{err}"
+    );
+    assert!(
+        !stdout(&second).contains("resolve-goal-state"),
+        "the refused command ran a phase"
+    );
+
+    host.mark("hold-stop", false);
+    let out = first.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Free again.
+    let third = host.node(&["down", "--config", &host.config("old.yaml")]);
+    assert!(third.status.success());
 }
