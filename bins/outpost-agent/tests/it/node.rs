@@ -833,7 +833,7 @@ fn config_values_cannot_inject_unit_directives_or_escape_the_host_root() {
 fn two_node_commands_at_once_refuse_naming_the_holder() {
     let host = Host::new();
     host.mark("hold-stop", true);
-    let mut first = Command::new(BIN)
+    let first = Command::new(BIN)
         .args(["node", "down", "--config", &host.config("old.yaml")])
         .arg("--host-root")
         .arg(host.root())
