@@ -34,8 +34,9 @@ pub enum Command {
     /// interface.
     Reset(Args),
     /// Save the shared configuration, write the one --config asks for, restart what
-    /// changed; on any failure put the saved configuration back.
-    Upgrade(Args),
+    /// changed and wait for the kubelet to settle (active, answering its healthz); on any
+    /// failure put the saved configuration back.
+    Upgrade(UpgradeArgs),
     /// Print the goal state and whether each unit runs. Exit 0 when the stack runs, 3
     /// when it does not, 1 when it cannot be asked.
     Status(StatusArgs),
@@ -68,6 +69,24 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub command_timeout_seconds: u64,
+}
+
+/// Flags of `outpost-agent node upgrade`.
+#[derive(Debug, clap::Args)]
+pub struct UpgradeArgs {
+    #[command(flatten)]
+    common: Args,
+    /// After a restart, how long the kubelet has to become active and answer its healthz
+    /// endpoint (healthzBindAddress:healthzPort of its configuration) before the upgrade
+    /// is rolled back.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    settle_seconds: u64,
+    /// How long the kubelet must then stay active and healthy (a kubelet that starts and
+    /// crashes on the new configuration is caught here).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=600))]
+    settle_hold_seconds: u64,
 }
 
 /// Flags of `outpost-agent node status`.
@@ -111,8 +130,12 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
             reset(&node).await
         }
         Command::Upgrade(args) => {
-            let (node, _lock) = locked(&args, "upgrade")?;
-            upgrade(&node).await
+            let (node, _lock) = locked(&args.common, "upgrade")?;
+            let settle = Settle {
+                timeout: Duration::from_secs(args.settle_seconds),
+                hold: Duration::from_secs(args.settle_hold_seconds),
+            };
+            upgrade(&node, settle).await
         }
         Command::Status(args) => status(&Node::new(&args.common)?, args.output).await,
     }
@@ -466,12 +489,20 @@ async fn reset(node: &Node) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn upgrade(node: &Node) -> anyhow::Result<ExitCode> {
+/// How an upgrade waits for the restarted kubelet.
+#[derive(Clone, Copy, Debug)]
+struct Settle {
+    timeout: Duration,
+    hold: Duration,
+}
+
+async fn upgrade(node: &Node, settle: Settle) -> anyhow::Result<ExitCode> {
     let snapshot_dir = node.hooks.snapshot_dir(SNAPSHOT_NAME);
     let goal = OnceLock::new();
     let applied = OnceLock::new();
     let was_running = OnceLock::new();
     let snap: Mutex<Option<Snapshot>> = Mutex::new(None);
+    let any_restarted = OnceLock::new();
     let tasks = vec![
         func("recover", || async {
             // A complete snapshot here means an earlier upgrade died before finishing or
@@ -510,6 +541,7 @@ async fn upgrade(node: &Node) -> anyhow::Result<ExitCode> {
             if !restarted.is_empty() {
                 println!("node upgrade: restarted {}", restarted.join(", "));
             }
+            set(&any_restarted, !restarted.is_empty());
             Ok::<_, BoxError>(())
         }),
         func("await-local-dns", || async {
@@ -517,6 +549,29 @@ async fn upgrade(node: &Node) -> anyhow::Result<ExitCode> {
                 let g = get(&goal, "the goal state")?;
                 node.hooks.await_local_dns(&g.node_start).await?;
             }
+            Ok::<_, BoxError>(())
+        }),
+        func("settle", || async {
+            // `systemctl restart` exiting 0 only says systemd started the process: the
+            // kubelet must come up on the new configuration and stay up.
+            if !*get(&any_restarted, "whether anything was restarted")? {
+                return Ok::<_, BoxError>(());
+            }
+            let g = get(&goal, "the goal state")?;
+            let healthz = hostnode::settle::healthz_addr(&g.node_start.kubelet.config);
+            hostnode::settle::settle_kubelet(
+                &*node.runner,
+                &g.node_start.kubelet.unit,
+                healthz,
+                settle.timeout,
+                settle.hold,
+            )
+            .await?;
+            println!(
+                "node upgrade: {} settled{}",
+                g.node_start.kubelet.unit,
+                healthz.map_or(String::new(), |a| format!(" (healthz on {a})"))
+            );
             Ok::<_, BoxError>(())
         }),
     ];

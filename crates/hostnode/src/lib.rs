@@ -22,6 +22,8 @@
 //!   [`backend::HostBackend`] is the host (`none`) mode over systemd units.
 //! - [`runner`]: every host command goes through the [`runner::Runner`] trait, with a
 //!   recording double for unit tests.
+//! - [`settle`]: after an upgrade's restart, the kubelet must stay active and answer its
+//!   healthz, else the upgrade rolls back.
 //! - [`lock`]: one `node` command at a time, the holder named.
 //! - [`Hooks`]: the seams a node exposes to tests; the zero value is the real host.
 
@@ -40,6 +42,7 @@ pub mod remove;
 mod reset;
 mod restart;
 pub mod runner;
+pub mod settle;
 pub mod snapshot;
 pub mod unmount;
 

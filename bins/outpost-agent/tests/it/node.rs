@@ -15,6 +15,7 @@ kubelet:
     kind: KubeletConfiguration
     apiVersion: kubelet.config.k8s.io/v1beta1
     maxPods: 110
+    healthzPort: 0
   extraArgs: [--node-labels=pool=edge]
 containerd:
   config: |
@@ -57,10 +58,12 @@ echo "$*" >> {d}/systemctl.log
 case "$1" in
   is-active)
     if [ -e {d}/stopped ]; then echo inactive; exit 3; fi
+    if [ "$3" = kubelet.service ] && [ -e {d}/kubelet-crashloop ]; then echo activating; exit 3; fi
     echo active; exit 0 ;;
   stop)
     while [ -e {d}/hold-stop ]; do sleep 0.05; done ;;
   restart)
+    if [ "$3" = kubelet.service ] && [ -e {d}/crashloop-after-restart ]; then touch {d}/kubelet-crashloop; fi
     if [ "$3" = kubelet.service ] && [ -e {d}/crash-on-kubelet-restart ]; then kill -9 $PPID; sleep 1; exit 1; fi
     if [ "$3" = kubelet.service ] && [ -e {d}/fail-kubelet-restart ]; then
       echo "Job for kubelet.service failed because the control process exited with error code." >&2; exit 1
@@ -168,14 +171,20 @@ fn upgrade_rolls_back_byte_for_byte_when_the_kubelet_restart_fails() {
 
     host.mark("fail-kubelet-restart", true);
     std::fs::remove_file(host.path("systemctl.log")).unwrap();
-    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    let out = host.node(&[
+        "upgrade",
+        "--settle-hold-seconds",
+        "0",
+        "--config",
+        &host.config("new.yaml"),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(err.contains("phase \"restart\" failed"), "{err}");
     assert!(err.contains("Job for kubelet.service failed"), "{err}");
     assert!(err.contains("previous configuration was restored"), "{err}");
     assert!(
-        stdout(&out).contains("[7/8] restart FAILED"),
+        stdout(&out).contains("[7/9] restart FAILED"),
         "{}",
         stdout(&out)
     );
@@ -205,7 +214,13 @@ fn upgrade_rolls_back_byte_for_byte_when_the_kubelet_restart_fails() {
 
     // With the restart working, the same upgrade goes through and writes the new files.
     host.mark("fail-kubelet-restart", false);
-    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    let out = host.node(&[
+        "upgrade",
+        "--settle-hold-seconds",
+        "0",
+        "--config",
+        &host.config("new.yaml"),
+    ]);
     assert!(out.status.success());
     let after = host.etc();
     assert_ne!(after, before);
@@ -220,7 +235,13 @@ fn upgrade_rolls_back_byte_for_byte_when_the_kubelet_restart_fails() {
 
     // Steady state: the same upgrade again changes nothing and restarts nothing.
     std::fs::remove_file(host.path("systemctl.log")).unwrap();
-    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    let out = host.node(&[
+        "upgrade",
+        "--settle-hold-seconds",
+        "0",
+        "--config",
+        &host.config("new.yaml"),
+    ]);
     assert!(out.status.success());
     assert_eq!(host.etc(), after);
     assert_eq!(
@@ -245,7 +266,13 @@ fn an_upgrade_killed_half_way_is_restored_by_the_next_one() {
     // systemctl kills the agent (SIGKILL) in the middle of the restart phase: the new
     // configuration is written, the snapshot is on disk, nothing rolled back.
     host.mark("crash-on-kubelet-restart", true);
-    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    let out = host.node(&[
+        "upgrade",
+        "--settle-hold-seconds",
+        "0",
+        "--config",
+        &host.config("new.yaml"),
+    ]);
     assert_eq!(out.status.code(), None, "killed by a signal");
     assert_ne!(host.etc(), before);
     host.mark("crash-on-kubelet-restart", false);
@@ -259,7 +286,13 @@ fn an_upgrade_killed_half_way_is_restored_by_the_next_one() {
 
     // The next upgrade first restores what the dead one saved, then applies its own
     // configuration (here: the old one again, which is then already in place).
-    let out = host.node(&["upgrade", "--config", &host.config("old.yaml")]);
+    let out = host.node(&[
+        "upgrade",
+        "--settle-hold-seconds",
+        "0",
+        "--config",
+        &host.config("old.yaml"),
+    ]);
     assert!(out.status.success());
     assert!(stdout(&out).contains("restored the configuration an interrupted upgrade saved"));
     assert_eq!(host.etc(), before);
@@ -876,4 +909,108 @@ fn two_node_commands_at_once_refuse_naming_the_holder() {
     // Free again.
     let third = host.node(&["down", "--config", &host.config("old.yaml")]);
     assert!(third.status.success());
+}
+
+/// A stand-in for the kubelet's healthz endpoint: answers every request with `status`,
+/// switchable while it runs.
+struct Healthz {
+    addr: std::net::SocketAddr,
+    status: std::sync::Arc<std::sync::atomic::AtomicU16>,
+}
+
+impl Healthz {
+    fn start(status: u16) -> Self {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let code = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(status));
+        let shared = code.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf);
+                let code = shared.load(std::sync::atomic::Ordering::SeqCst);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {code} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+                );
+            }
+        });
+        Self { addr, status: code }
+    }
+
+    fn set(&self, status: u16) {
+        self.status
+            .store(status, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue 17 (Low): `node upgrade` counted as success once `systemctl restart` exited 0.
+/// It now settles: the kubelet must become active and answer its healthz, and stay so;
+/// a kubelet that never answers, or that crash-loops, rolls the upgrade back.
+#[test]
+fn upgrade_rolls_back_unless_the_kubelet_settles() {
+    let host = Host::new();
+    let healthz = Healthz::start(500);
+    for name in ["old.yaml", "new.yaml"] {
+        let text = std::fs::read_to_string(host.path(name)).unwrap().replace(
+            "healthzPort: 0",
+            &format!(
+                "healthzPort: {}\n    healthzBindAddress: 127.0.0.1",
+                healthz.addr.port()
+            ),
+        );
+        std::fs::write(host.path(name), text).unwrap();
+    }
+    assert!(
+        host.node(&["up", "--config", &host.config("old.yaml")])
+            .status
+            .success()
+    );
+    let before = host.etc();
+    let upgrade = |hold: &str| {
+        host.node(&[
+            "upgrade",
+            "--settle-seconds",
+            "2",
+            "--settle-hold-seconds",
+            hold,
+            "--config",
+            &host.config("new.yaml"),
+        ])
+    };
+
+    // The restart "works", but the kubelet answers 500 on healthz: rolled back.
+    let out = upgrade("0");
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("phase \"settle\" failed"), "{err}");
+    assert!(err.contains("answered 500"), "{err}");
+    assert!(err.contains("previous configuration was restored"), "{err}");
+    assert_eq!(host.etc(), before);
+
+    // Healthy on healthz, but the unit keeps restarting: rolled back.
+    healthz.set(200);
+    host.mark("crashloop-after-restart", true);
+    let out = upgrade("0");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("unit is activating"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(host.etc(), before);
+
+    // Active and healthy through the hold: the upgrade stands.
+    host.mark("crashloop-after-restart", false);
+    host.mark("kubelet-crashloop", false);
+    let out = upgrade("1");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("settled (healthz on 127.0.0.1:"),
+        "{}",
+        stdout(&out)
+    );
+    assert_ne!(host.etc(), before);
 }
