@@ -1,5 +1,6 @@
 //! Forgetting what a stopped stack left: its kubelet client identity and its CNI state.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::HostRoot;
@@ -48,29 +49,73 @@ pub fn reset_kubelet_identity(root: &HostRoot, ns: &NodeStart) -> Result<Vec<Pat
     if !matches!(ns.auth, AuthMode::BootstrapToken(_)) {
         return Ok(removed);
     }
-    let pki = root.kubelet_client_pki_dir();
-    match std::fs::read_dir(&pki) {
-        Ok(entries) => {
-            for entry in entries {
-                let entry = entry.map_err(fs_err("read directory", &pki))?;
-                let name = entry.file_name();
-                // Only the rotated client pairs: the serving certificate (kubelet.crt/key)
-                // is not an identity the API server tracks.
-                if name.to_string_lossy().starts_with("kubelet-client-") {
-                    let path = entry.path();
-                    std::fs::remove_file(&path).map_err(fs_err("remove", &path))?;
-                    removed.push(path);
-                }
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fs_err("read directory", &pki)(e).into()),
+    if let Some(kubelet_dir) = resolve_kubelet_dir(root)? {
+        removed.extend(remove_client_certificates(&kubelet_dir)?);
     }
     // The kubeconfig the kubelet wrote after bootstrapping points at those certificates;
     // left behind, it would be used instead of bootstrapping again.
     let kubeconfig = root.resolve(KUBELET_KUBECONFIG);
     if crate::fsutil::remove_file_synced(&kubeconfig)? {
         removed.push(kubeconfig);
+    }
+    Ok(removed)
+}
+
+/// Removes the rotated client pairs (`kubelet-client-*`) from `pki/` of the resolved
+/// kubelet directory, by file descriptor: `pki` is opened without following a symlink or
+/// crossing a mount, and each file is unlinked relative to it. Only the rotated client
+/// pairs: the serving certificate (kubelet.crt/key) is not an identity the API server
+/// tracks.
+fn remove_client_certificates(kubelet_dir: &Path) -> Result<Vec<PathBuf>, ResetError> {
+    use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+    use rustix::io::Errno;
+    let errno = |op: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |e: Errno| -> ResetError {
+            crate::fsutil::FsError {
+                op,
+                path,
+                source: std::io::Error::from(e),
+            }
+            .into()
+        }
+    };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let top = rustix::fs::open(kubelet_dir, flags, Mode::empty())
+        .map_err(errno("open directory", kubelet_dir))?;
+    let pki_path = kubelet_dir.join("pki");
+    let pki = match rustix::fs::openat2(
+        &top,
+        c"pki",
+        flags,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV | ResolveFlags::BENEATH,
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(Vec::new()),
+        Err(Errno::LOOP) | Err(Errno::NOTDIR) | Err(Errno::XDEV) => {
+            tracing::warn!(path = %pki_path.display(), "not a plain directory (a symlink, a file or a mount): its client certificates are left alone");
+            return Ok(Vec::new());
+        }
+        Err(e) => return Err(errno("open directory", &pki_path)(e)),
+    };
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&pki).map_err(errno("read directory", &pki_path))? {
+        let entry = entry.map_err(errno("read directory", &pki_path))?;
+        if entry.file_name().to_bytes().starts_with(b"kubelet-client-") {
+            names.push(entry.file_name().to_owned());
+        }
+    }
+    let mut removed = Vec::new();
+    for name in names {
+        let path = pki_path.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+        match rustix::fs::unlinkat(&pki, name.as_c_str(), AtFlags::empty()) {
+            Ok(()) => removed.push(path),
+            Err(Errno::NOENT) => {}
+            // A directory of that name is not a certificate: leave it.
+            Err(Errno::ISDIR) | Err(Errno::PERM) => {}
+            Err(e) => return Err(errno("remove", &path)(e)),
+        }
     }
     Ok(removed)
 }
@@ -223,5 +268,20 @@ mod tests {
         // Idempotent.
         ns.node_name = "again".into();
         assert!(reset_kubelet_identity(&root, &ns).unwrap().is_empty());
+    }
+
+    /// The identity reset never follows a `pki` symlink out of the kubelet directory.
+    #[test]
+    fn identity_reset_never_follows_a_pki_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = HostRoot::new(dir.path().join("root"));
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("kubelet-client-current.pem"), b"not ours").unwrap();
+        std::fs::create_dir_all(root.kubelet_dir()).unwrap();
+        std::os::unix::fs::symlink(&outside, root.kubelet_client_pki_dir()).unwrap();
+        let ns = resolve_machine(&config(), "").unwrap().node_start;
+        assert!(reset_kubelet_identity(&root, &ns).unwrap().is_empty());
+        assert!(outside.join("kubelet-client-current.pem").exists());
     }
 }

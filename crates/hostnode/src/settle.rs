@@ -108,7 +108,11 @@ async fn check(runner: &dyn Runner, unit: &str, healthz: Option<SocketAddr>) -> 
     if state != "active" {
         return Err(format!(
             "unit is {}",
-            if state.is_empty() { "in an unknown state" } else { &state }
+            if state.is_empty() {
+                "in an unknown state"
+            } else {
+                &state
+            }
         ));
     }
     if let Some(addr) = healthz {
@@ -116,7 +120,11 @@ async fn check(runner: &dyn Runner, unit: &str, healthz: Option<SocketAddr>) -> 
             Ok(Ok(200)) => {}
             Ok(Ok(code)) => return Err(format!("healthz on {addr} answered {code}")),
             Ok(Err(e)) => return Err(format!("healthz on {addr}: {e}")),
-            Err(_) => return Err(format!("healthz on {addr} did not answer within {REQUEST_TIMEOUT:?}")),
+            Err(_) => {
+                return Err(format!(
+                    "healthz on {addr} did not answer within {REQUEST_TIMEOUT:?}"
+                ));
+            }
         }
     }
     Ok(())
@@ -170,7 +178,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_unit_that_never_gets_active_does_not_settle() {
         let runner = RecordingRunner::new();
-        runner.respond(&["systemctl", "is-active"], CmdOutput::failed(3, "").clone());
+        runner.respond(
+            &["systemctl", "is-active"],
+            CmdOutput::failed(3, "").clone(),
+        );
         let err = settle_kubelet(
             &runner,
             "kubelet.service",
@@ -181,6 +192,9 @@ mod tests {
         .await
         .unwrap_err();
         assert!(err.to_string().contains("unknown state"), "{err}");
-        assert!(err.to_string().contains("journalctl -u kubelet.service"), "{err}");
+        assert!(
+            err.to_string().contains("journalctl -u kubelet.service"),
+            "{err}"
+        );
     }
 }
