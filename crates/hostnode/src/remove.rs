@@ -260,7 +260,16 @@ impl<'t> Walker<'t> {
                     }
                     Err(Errno::NOENT) => return Ok(vanished(report)),
                     // It became a directory since the look: look again.
-                    Err(Errno::ISDIR) | Err(Errno::PERM) => continue,
+                    Err(Errno::ISDIR) => continue,
+                    // Some filesystems say EPERM for unlinking a directory; anything else
+                    // with EPERM (an immutable file) is a real failure.
+                    Err(Errno::PERM)
+                        if statx_at(dir, name).is_ok_and(|st| {
+                            FileType::from_raw_mode(u32::from(st.stx_mode)) == FileType::Directory
+                        }) =>
+                    {
+                        continue;
+                    }
                     Err(e) => return Err(fs("remove", path, e).into()),
                 }
             }
