@@ -969,11 +969,13 @@ fn upgrade_rolls_back_unless_the_kubelet_settles() {
             .success()
     );
     let before = host.etc();
-    let upgrade = |hold: &str| {
+    // Failing cases run into a short deadline; the passing one returns as soon as the
+    // hold is over, so it gets a generous one.
+    let upgrade = |settle: &str, hold: &str| {
         host.node(&[
             "upgrade",
             "--settle-seconds",
-            "2",
+            settle,
             "--settle-hold-seconds",
             hold,
             "--config",
@@ -982,7 +984,7 @@ fn upgrade_rolls_back_unless_the_kubelet_settles() {
     };
 
     // The restart "works", but the kubelet answers 500 on healthz: rolled back.
-    let out = upgrade("0");
+    let out = upgrade("2", "0");
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(err.contains("phase \"settle\" failed"), "{err}");
@@ -993,7 +995,7 @@ fn upgrade_rolls_back_unless_the_kubelet_settles() {
     // Healthy on healthz, but the unit keeps restarting: rolled back.
     healthz.set(200);
     host.mark("crashloop-after-restart", true);
-    let out = upgrade("0");
+    let out = upgrade("2", "0");
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("unit is activating"),
@@ -1005,7 +1007,7 @@ fn upgrade_rolls_back_unless_the_kubelet_settles() {
     // Active and healthy through the hold: the upgrade stands.
     host.mark("crashloop-after-restart", false);
     host.mark("kubelet-crashloop", false);
-    let out = upgrade("1");
+    let out = upgrade("60", "1");
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         stdout(&out).contains("settled (healthz on 127.0.0.1:"),
