@@ -112,14 +112,17 @@ pub fn remove_tree(path: &Path, table: &[MountEntry]) -> Result<RemoveReport, Re
         ),
         _ => return Err(not_a_directory(path)),
     };
-    let parent_fd = match rustix::fs::open(parent, dir_flags(), Mode::empty()) {
+    // The parent is the host's own location (`/var/lib`): a symlink on the way to it is
+    // the host's layout and followed; `path` itself never is.
+    let parent_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let parent_fd = match rustix::fs::open(parent, parent_flags, Mode::empty()) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(report),
         Err(e) => return Err(fs("open directory", parent, e).into()),
     };
     let parent_st = statx_fd(&parent_fd).map_err(|e| fs("inspect", parent, e))?;
-    // The parent is the reference only for deciding whether `path` itself is a mount;
-    // below it, `path`'s own mount is.
+    // Judged against the parent's mount: `path` on another one is a mount point and kept;
+    // otherwise everything below it is on that same mount.
     let walker = Walker::new(&parent_st, table);
     let cname = CString::new(name.as_bytes()).map_err(|_| not_a_directory(path))?;
     match statx_at(&parent_fd, &cname) {
