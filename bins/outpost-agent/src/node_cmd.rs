@@ -350,15 +350,21 @@ async fn up(node: &Node) -> anyhow::Result<ExitCode> {
                 // Those are the running pods' volumes, not stale ones.
                 return Ok::<_, BoxError>(());
             }
-            // What a previous stack left below the kubelet directory; the directory's
-            // own mount stays, since the new pods' mounts propagate through it.
-            let dir = node.root().kubelet_dir();
-            hostnode::unmount::unmount_strictly_below(
+            // What a previous stack left below the kubelet directory (resolved first, as
+            // the mount table names real paths); the directory's own mount stays, since
+            // the new pods' mounts propagate through it.
+            let Some(dir) = hostnode::resolve_kubelet_dir(node.root())? else {
+                return Ok::<_, BoxError>(());
+            };
+            if let Some(stuck) = hostnode::unmount_kubelet_dir(
+                &dir,
                 &*node.hooks.mounter(),
                 node.hooks.mount_info.as_deref(),
-                std::slice::from_ref(&dir),
             )
-            .await?;
+            .await?
+            {
+                return Err(stuck.into());
+            }
             Ok::<_, BoxError>(())
         }),
         local_dns_network_task(node, &goal),
