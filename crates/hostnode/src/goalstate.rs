@@ -953,4 +953,39 @@ slots:
         }
         assert!(format!("{:?}", config().auth).contains("abcdef.<redacted>"));
     }
+
+    /// The fuzz target `agent_config`'s invariants over every one-character insertion
+    /// into the sample configuration: whatever still loads renders a three-line drop-in
+    /// without control characters, and unit paths without `..`.
+    #[test]
+    fn no_accepted_configuration_renders_an_injected_drop_in() {
+        let mut accepted = 0;
+        for (at, _) in CONFIG.char_indices() {
+            for c in ['\n', '\r', '\t', '"', '%', '/', '.', '\u{0}', '\u{85}', ' '] {
+                let mut text = CONFIG.to_string();
+                text.insert(at, c);
+                let Ok(config) = AgentConfig::parse(&text, Path::new("a")) else {
+                    continue;
+                };
+                accepted += 1;
+                for slot in ["", "blue"] {
+                    let Ok(goal) = resolve_machine(&config, slot) else {
+                        continue;
+                    };
+                    for file in crate::configure::render(&goal.node_start) {
+                        assert!(!file.path.contains(".."), "{text}: {}", file.path);
+                        if file.unit_file {
+                            let body = String::from_utf8(file.contents.unwrap()).unwrap();
+                            assert_eq!(body.lines().count(), 3, "{text:?}: {body:?}");
+                            assert!(
+                                !body.chars().any(|c| c.is_control() && c != '\n'),
+                                "{text:?}: {body:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(accepted > 100, "only {accepted} variants loaded");
+    }
 }
