@@ -166,6 +166,7 @@ pub struct Builder {
     window: Option<usize>,
     token_cleaner: Option<Duration>,
     token_cleaner_off: bool,
+    scheduler: bool,
     kubelet: KubeletSettings,
 }
 
@@ -231,6 +232,13 @@ impl Builder {
     /// Turn the bootstrap token cleaner on or off (on by default, as kubeadm enables it).
     pub fn token_cleaner(mut self, on: bool) -> Self {
         self.token_cleaner_off = !on;
+        self
+    }
+    /// Run the scheduler stand-in ([`crate::scheduler`]): pending pods get bound to a
+    /// fitting Ready node, or `PodScheduled=False` reason `Unschedulable`. Off by default
+    /// (tests that bind pods themselves keep full control); `testkube serve` turns it on.
+    pub fn scheduler(mut self, on: bool) -> Self {
+        self.scheduler = on;
         self
     }
     /// The kubelet address-type order of the proxy.
@@ -335,6 +343,9 @@ impl Builder {
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(serve(listener, tls, state.clone(), cancel.clone()));
         tasks.spawn(gc_loop(state.clone(), cancel.clone()));
+        if self.scheduler {
+            tasks.spawn(crate::scheduler::run(state.clone(), cancel.clone()));
+        }
         if !self.token_cleaner_off {
             tasks.spawn(token_cleaner(
                 state.clone(),
@@ -602,6 +613,40 @@ fn route(path: &str) -> Route {
     }
 }
 
+/// Reads a request body up to [`MAX_BODY`].
+async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        && len > MAX_BODY
+    {
+        return Err(ApiError::too_large(MAX_BODY));
+    }
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                return Err(ApiError::too_large(MAX_BODY));
+            }
+            Err(ApiError::bad_request(format!(
+                "reading the request body: {e}"
+            )))
+        }
+    }
+}
+
+fn json_created(v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(201)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(v.to_string()))
+        .expect("static response parts are valid")
+}
+
 fn json_ok(v: &Value) -> Response<Body> {
     Response::builder()
         .status(200)
@@ -767,6 +812,12 @@ async fn handle(
                     "PATCH" => "patch",
                     _ => "connect",
                 })
+            } else if res.plural == "pods"
+                && name.is_some()
+                && matches!(sub.as_deref(), Some("binding" | "eviction"))
+                && method == Method::POST
+            {
+                Some("create")
             } else {
                 verb_for(&method, name.is_some(), watch)
             };
@@ -916,6 +967,22 @@ async fn resource_request(
             });
         return crate::proxy_seam::forward(state, &pod, node.as_deref(), s, req).await;
     }
+    if res.plural == "pods"
+        && sub.as_deref() == Some("binding")
+        && let Some(n) = name.as_deref()
+    {
+        if verb != "create" {
+            return ApiError::method_not_allowed(verb, "pods/binding").into_response();
+        }
+        let body = match read_body(req).await {
+            Ok(b) => b,
+            Err(e) => return e.into_response(),
+        };
+        return match crate::scheduler::binding(state, ns.as_deref().unwrap_or(""), n, &body) {
+            Ok(v) => json_created(&v),
+            Err(e) => e.into_response(),
+        };
+    }
     if let Some(s) = sub.as_deref()
         && !(s == "status" && res.has_status)
     {
@@ -943,25 +1010,9 @@ async fn resource_request(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
-    if let Some(len) = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-        && len > MAX_BODY
-    {
-        return ApiError::too_large(MAX_BODY).into_response();
-    }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                return ApiError::too_large(MAX_BODY).into_response();
-            }
-            return ApiError::bad_request(format!("reading the request body: {e}")).into_response();
-        }
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
     };
     let (body, content_type) = if matches!(verb, "create" | "update")
         && content_type.starts_with("application/vnd.kubernetes.protobuf")

@@ -40,6 +40,9 @@ enum Command {
         /// Seconds between watch BOOKMARK events.
         #[arg(long, default_value_t = 60)]
         bookmark_interval_secs: u64,
+        /// Leave pending pods unbound (the scheduler stand-in is on by default).
+        #[arg(long)]
+        no_scheduler: bool,
     },
 }
 
@@ -54,12 +57,14 @@ async fn main() -> ExitCode {
             allow_non_loopback_kubelets,
             kubelet_preferred_address_types,
             bookmark_interval_secs,
+            no_scheduler,
         } => {
             let mut b = testkube::ApiServer::builder()
                 .listen(listen)
                 .kubeconfig_path(&kubeconfig)
                 .allow_non_loopback_kubelets(allow_non_loopback_kubelets)
-                .bookmark_interval(Duration::from_secs(bookmark_interval_secs.max(1)));
+                .bookmark_interval(Duration::from_secs(bookmark_interval_secs.max(1)))
+                .scheduler(!no_scheduler);
             if strict_auth {
                 b = b.strict_auth();
             }

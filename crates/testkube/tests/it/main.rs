@@ -4,6 +4,7 @@ mod conformance_delete;
 mod conformance_faults;
 mod conformance_patch;
 mod conformance_scale;
+mod conformance_scheduler;
 mod conformance_status;
 mod conformance_watch;
 mod kubectl;
