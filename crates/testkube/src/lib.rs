@@ -19,6 +19,7 @@
 mod api;
 pub mod auth;
 pub mod body;
+pub mod bootstrap;
 pub mod discovery;
 pub mod faults;
 pub mod fixtures;
