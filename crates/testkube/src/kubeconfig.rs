@@ -124,7 +124,12 @@ mod tests {
         std::os::unix::fs::symlink(&target, &path).unwrap();
         write(&path, "secret").unwrap();
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
-        assert!(!std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+        assert!(
+            !std::fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "secret");
     }
 }
