@@ -211,6 +211,7 @@ pub fn create(st: &State, req: &Request) -> Reply {
     if req.res.create_only {
         return review(st, req, obj);
     }
+    strategy::normalize_times(&mut obj).map_err(ApiError::bad_request)?;
     check_namespace(req, &mut obj)?;
     let meta = &mut obj["metadata"];
     if meta_str(&json!({"metadata": meta.clone()}), "name").is_none_or(str::is_empty)
@@ -595,6 +596,7 @@ fn write_update(
 ) -> Result<(u16, Arc<Value>), ApiError> {
     let (ns, name) = scope(req);
     check_type(req.res, &mut new)?;
+    strategy::normalize_times(&mut new).map_err(ApiError::bad_request)?;
     if let Some(n) = meta_str(&new, "name")
         && n != name
     {

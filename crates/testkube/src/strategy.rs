@@ -368,24 +368,33 @@ pub fn prepare_create(res: &Resource, obj: &mut Value) {
     }
 }
 
-/// Metadata rules of every update (`rest.BeforeUpdate`): uid, creationTimestamp,
-/// generation, deletionTimestamp and deletionGracePeriodSeconds come from the stored
-/// object unless the request sets them (and a changed one is rejected by
-/// [`validate_meta_update`]).
+/// Metadata rules of every update (`rest.BeforeUpdate`): the uid when the request has
+/// none, the creationTimestamp, the generation and an existing deletionTimestamp always
+/// come from the stored object (a request changing them is silently overridden, not
+/// refused), and an existing deletionGracePeriodSeconds when the request has none.
 pub fn carry_system_meta(new: &mut Value, old: &Value) {
-    for field in [
-        "uid",
-        "creationTimestamp",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-    ] {
-        if new
-            .pointer(&format!("/metadata/{field}"))
-            .is_none_or(Value::is_null)
-            && let Some(v) = old.pointer(&format!("/metadata/{field}"))
-        {
+    let old_meta = |f: &str| {
+        old.pointer(&format!("/metadata/{f}"))
+            .filter(|v| !v.is_null())
+    };
+    let new_has = |n: &Value, f: &str| {
+        n.pointer(&format!("/metadata/{f}"))
+            .is_some_and(|v| !v.is_null() && v != "")
+    };
+    if !new_has(new, "uid")
+        && let Some(v) = old_meta("uid")
+    {
+        new["metadata"]["uid"] = v.clone();
+    }
+    for field in ["creationTimestamp", "deletionTimestamp"] {
+        if let Some(v) = old_meta(field) {
             new["metadata"][field] = v.clone();
         }
+    }
+    if !new_has(new, "deletionGracePeriodSeconds")
+        && let Some(v) = old_meta("deletionGracePeriodSeconds")
+    {
+        new["metadata"]["deletionGracePeriodSeconds"] = v.clone();
     }
     match old.pointer("/metadata/generation") {
         Some(g) => new["metadata"]["generation"] = g.clone(),
@@ -397,14 +406,87 @@ pub fn carry_system_meta(new: &mut Value, old: &Value) {
     }
 }
 
+/// `metav1.Time` fields (second precision) of the served kinds, by field name.
+const TIME_FIELDS: &[&str] = &[
+    "creationTimestamp",
+    "deletionTimestamp",
+    "lastTransitionTime",
+    "lastProbeTime",
+    "lastHeartbeatTime",
+    "lastUpdateTime",
+    "startTime",
+    "startedAt",
+    "finishedAt",
+    "timeAdded",
+    "firstTimestamp",
+    "lastTimestamp",
+    "expirationTimestamp",
+];
+
+/// `metav1.MicroTime` fields (microsecond precision).
+const MICRO_TIME_FIELDS: &[&str] = &["acquireTime", "renewTime", "eventTime", "lastObservedTime"];
+
+/// Parses every time field as RFC 3339 (any offset, fractional seconds allowed, as Go's
+/// `time.Parse(time.RFC3339, ...)`) and writes it back the way `metav1.Time` and
+/// `metav1.MicroTime` marshal: UTC `Z`, seconds or microseconds. A value that does not
+/// parse is an error naming the field (kube-apiserver cannot decode such a body: 400).
+pub fn normalize_times(v: &mut Value) -> Result<(), String> {
+    normalize_at(v, "")
+}
+
+fn normalize_at(v: &mut Value, path: &str) -> Result<(), String> {
+    match v {
+        Value::Object(m) => {
+            for (k, val) in m.iter_mut() {
+                let here = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                let micro = MICRO_TIME_FIELDS.contains(&k.as_str());
+                if TIME_FIELDS.contains(&k.as_str()) || micro {
+                    match val {
+                        Value::Null => {}
+                        Value::String(s) if s.is_empty() => *val = Value::Null,
+                        Value::String(s) => {
+                            let t =
+                                chrono::DateTime::parse_from_rfc3339(s.trim()).map_err(|e| {
+                                    format!("{here}: cannot parse {s:?} as an RFC 3339 time: {e}")
+                                })?;
+                            let utc = t.with_timezone(&chrono::Utc);
+                            *val = Value::String(if micro {
+                                utc.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+                            } else {
+                                utc.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+                            });
+                        }
+                        other => {
+                            return Err(format!(
+                                "{here}: expected an RFC 3339 time string, got {other}"
+                            ));
+                        }
+                    }
+                } else {
+                    normalize_at(val, &here)?;
+                }
+            }
+        }
+        Value::Array(a) => {
+            for item in a {
+                normalize_at(item, path)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Immutable metadata on update (`ValidateObjectMetaUpdate`).
 pub fn validate_meta_update(new: &Value, old: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
-    for field in [
-        "creationTimestamp",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-    ] {
+    // creationTimestamp and an existing deletionTimestamp were carried over; what is left
+    // to refuse is setting a deletionTimestamp or grace period the object does not have.
+    for field in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
         let p = format!("/metadata/{field}");
         let (n, o) = (new.pointer(&p), old.pointer(&p));
         if n.filter(|v| !v.is_null()) != o.filter(|v| !v.is_null()) {
