@@ -62,6 +62,21 @@ impl Request {
 
 type Reply = Result<Response<Body>, ApiError>;
 
+/// A JSON response carrying `Warning` headers.
+fn warned(code: u16, v: &Value, warnings: &[String]) -> Response<Body> {
+    let mut r = json_response(code, v);
+    for w in warnings {
+        if let Ok(h) = http::HeaderValue::from_str(&crate::typed::warning_header(w)) {
+            r.headers_mut().append(header::WARNING, h);
+        }
+    }
+    r
+}
+
+fn field_validation(req: &Request) -> Result<crate::typed::FieldValidation, ApiError> {
+    crate::typed::FieldValidation::parse(req.query.get("fieldValidation").map(String::as_str))
+}
+
 fn json_response(code: u16, v: &Value) -> Response<Body> {
     bytes_response(code, serde_json::to_vec(v).unwrap_or_default())
 }
@@ -212,6 +227,7 @@ pub fn create(st: &State, req: &Request) -> Reply {
         return review(st, req, obj);
     }
     strategy::normalize_times(&mut obj).map_err(ApiError::bad_request)?;
+    let (mut obj, warnings) = crate::typed::decode(req.res, obj, field_validation(req)?)?;
     check_namespace(req, &mut obj)?;
     let meta = &mut obj["metadata"];
     if meta_str(&json!({"metadata": meta.clone()}), "name").is_none_or(str::is_empty)
@@ -271,7 +287,7 @@ pub fn create(st: &State, req: &Request) -> Reply {
             s
         }
     };
-    Ok(json_response(201, &stored))
+    Ok(warned(201, &stored, &warnings))
 }
 
 fn review(st: &State, req: &Request, mut obj: Value) -> Reply {
@@ -591,12 +607,14 @@ fn check_preconditions(
 fn write_update(
     req: &Request,
     g: &mut Inner,
-    mut new: Value,
+    new: Value,
     existing: &Arc<Value>,
-) -> Result<(u16, Arc<Value>), ApiError> {
+) -> Result<(u16, Arc<Value>, Vec<String>), ApiError> {
     let (ns, name) = scope(req);
+    let mut new = new;
     check_type(req.res, &mut new)?;
     strategy::normalize_times(&mut new).map_err(ApiError::bad_request)?;
+    let (mut new, warnings) = crate::typed::decode(req.res, new, field_validation(req)?)?;
     if let Some(n) = meta_str(&new, "name")
         && n != name
     {
@@ -631,6 +649,7 @@ fn write_update(
         strategy::prepare_update(req.res, &mut new, existing);
     }
     causes.extend(strategy::validate(req.res, &new));
+    causes.extend(strategy::validate_kind_update(req.res, &new, existing));
     if req.res.plural == "pods" && !status_write {
         causes.extend(strategy::validate_pod_update(&new, existing));
     }
@@ -648,14 +667,15 @@ fn write_update(
             } else {
                 existing.clone()
             },
+            warnings,
         ));
     }
     let idx = res_index(req.res);
     if strategy::should_remove_after_update(&new) {
         let gone = g.remove(idx, &ns, &name).unwrap_or_else(|| Arc::new(new));
-        return Ok((200, gone));
+        return Ok((200, gone, warnings));
     }
-    Ok((200, g.put(idx, new)))
+    Ok((200, g.put(idx, new), warnings))
 }
 
 /// PUT.
@@ -663,23 +683,24 @@ pub fn update(st: &State, req: &Request) -> Reply {
     let new = parse_body(&req.body)?;
     let (ns, name) = scope(req);
     let idx = res_index(req.res);
-    let (code, obj, deleting) = {
+    let (code, obj, deleting, warnings) = {
         let mut g = st.store.lock();
         let Some(existing) = g.get(idx, &ns, &name) else {
             return Err(ApiError::not_found(req.res, &name));
         };
-        let (code, obj) = write_update(req, &mut g, new, &existing)?;
+        let (code, obj, warnings) = write_update(req, &mut g, new, &existing)?;
         (
             code,
             obj,
             existing.pointer("/metadata/deletionTimestamp").is_some(),
+            warnings,
         )
     };
     st.notify();
     if deleting {
         st.kick_gc();
     }
-    Ok(json_response(code, &obj))
+    Ok(warned(code, &obj, &warnings))
 }
 
 /// PATCH.
@@ -688,7 +709,7 @@ pub fn patch(st: &State, req: &Request) -> Reply {
         .map_err(|_| ApiError::unsupported_media_type(&req.content_type, patch::ACCEPTED))?;
     let (ns, name) = scope(req);
     let idx = res_index(req.res);
-    let (code, obj, deleting) = {
+    let (code, obj, deleting, warnings) = {
         let mut g = st.store.lock();
         let Some(existing) = g.get(idx, &ns, &name) else {
             return Err(ApiError::not_found(req.res, &name));
@@ -703,18 +724,19 @@ pub fn patch(st: &State, req: &Request) -> Reply {
                 "the patched object is not a JSON object with metadata",
             ));
         }
-        let (code, obj) = write_update(req, &mut g, patched, &existing)?;
+        let (code, obj, warnings) = write_update(req, &mut g, patched, &existing)?;
         (
             code,
             obj,
             existing.pointer("/metadata/deletionTimestamp").is_some(),
+            warnings,
         )
     };
     st.notify();
     if deleting {
         st.kick_gc();
     }
-    Ok(json_response(code, &obj))
+    Ok(warned(code, &obj, &warnings))
 }
 
 /// DeleteOptions from the body and the query.

@@ -39,6 +39,7 @@ pub mod store;
 pub mod strategy;
 pub mod table;
 pub mod tls;
+pub mod typed;
 pub mod watch;
 
 pub use auth::{Attributes, UserInfo};

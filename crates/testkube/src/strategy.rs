@@ -104,26 +104,299 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<Cause> {
                 ));
             }
         }
-        "secrets" => {
-            if let Some(data) = obj.get("data").and_then(Value::as_object) {
-                for (k, v) in data {
-                    let ok = v.as_str().is_some_and(|s| {
-                        use base64::Engine;
-                        base64::engine::general_purpose::STANDARD.decode(s).is_ok()
-                    });
-                    if !ok {
-                        causes.push(Cause::invalid(
-                            &format!("data[{k}]"),
-                            v,
-                            "must be base64-encoded bytes",
-                        ));
-                    }
+        "secrets" => validate_secret(obj, &mut causes),
+        "nodes" => validate_node(obj, &mut causes),
+        "configmaps" => validate_configmap(obj, &mut causes),
+        _ => {}
+    }
+    causes
+}
+
+/// The size limit of Secret and ConfigMap data (`MaxSecretSize`, `MaxConfigMapSize`).
+pub const MAX_DATA_SIZE: usize = 1024 * 1024;
+
+/// `IsConfigMapKey`: what is wrong with a data key, if anything.
+pub fn config_key_problem(k: &str) -> Option<String> {
+    if k.is_empty() || k.len() > 253 {
+        return Some("must be no more than 253 characters".into());
+    }
+    if !k
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+    {
+        return Some("a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')".into());
+    }
+    if k == "." {
+        return Some("must not be '.'".into());
+    }
+    if k == ".." {
+        return Some("must not be '..'".into());
+    }
+    if k.starts_with("..") {
+        return Some("must not start with '..'".into());
+    }
+    None
+}
+
+fn too_long(field: &str, max: usize) -> Cause {
+    Cause {
+        reason: "FieldValueTooLong",
+        field: field.into(),
+        message: format!("Too long: must have at most {max} bytes"),
+    }
+}
+
+fn decoded_len(v: &Value) -> usize {
+    use base64::Engine;
+    v.as_str()
+        .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+        .map_or(0, |b| b.len())
+}
+
+/// `ValidateSecret` (`pkg/apis/core/validation/validation.go`).
+fn validate_secret(obj: &Value, causes: &mut Vec<Cause>) {
+    let empty = serde_json::Map::new();
+    let data = obj.get("data").and_then(Value::as_object).unwrap_or(&empty);
+    let mut total = 0;
+    for (k, v) in data {
+        if let Some(problem) = config_key_problem(k) {
+            causes.push(Cause::invalid(&format!("data[{k}]"), &json!(k), &problem));
+        }
+        total += decoded_len(v);
+    }
+    if total > MAX_DATA_SIZE {
+        causes.push(too_long("data", MAX_DATA_SIZE));
+    }
+    let has = |k: &str| data.contains_key(k);
+    let ty = str_at(obj, "/type").unwrap_or("Opaque");
+    match ty {
+        "kubernetes.io/service-account-token" => {
+            if str_at(
+                obj,
+                "/metadata/annotations/kubernetes.io~1service-account.name",
+            )
+            .is_none_or(str::is_empty)
+            {
+                causes.push(Cause::required(
+                    "metadata.annotations[kubernetes.io/service-account.name]",
+                    "",
+                ));
+            }
+        }
+        "kubernetes.io/dockercfg" if !has(".dockercfg") => {
+            causes.push(Cause::required("data[.dockercfg]", ""));
+        }
+        "kubernetes.io/dockerconfigjson" if !has(".dockerconfigjson") => {
+            causes.push(Cause::required("data[.dockerconfigjson]", ""));
+        }
+        "kubernetes.io/basic-auth" if !has("username") && !has("password") => {
+            causes.push(Cause::required("data[username]", ""));
+            causes.push(Cause::required("data[password]", ""));
+        }
+        "kubernetes.io/ssh-auth" if !has("ssh-privatekey") => {
+            causes.push(Cause::required("data[ssh-privatekey]", ""));
+        }
+        "kubernetes.io/tls" => {
+            for k in ["tls.crt", "tls.key"] {
+                if !has(k) {
+                    causes.push(Cause::required(&format!("data[{k}]"), ""));
                 }
             }
         }
         _ => {}
     }
+}
+
+/// `ValidateConfigMap`.
+fn validate_configmap(obj: &Value, causes: &mut Vec<Cause>) {
+    let mut total = 0;
+    let mut seen = std::collections::BTreeSet::new();
+    for field in ["data", "binaryData"] {
+        let Some(m) = obj.get(field).and_then(Value::as_object) else {
+            continue;
+        };
+        for (k, v) in m {
+            if let Some(problem) = config_key_problem(k) {
+                causes.push(Cause::invalid(
+                    &format!("{field}[{k}]"),
+                    &json!(k),
+                    &problem,
+                ));
+            }
+            if !seen.insert(k.clone()) {
+                causes.push(Cause::invalid(
+                    &format!("{field}[{k}]"),
+                    &json!(k),
+                    "duplicate of key present in data",
+                ));
+            }
+            total += if field == "data" {
+                v.as_str().map_or(0, str::len)
+            } else {
+                decoded_len(v)
+            };
+        }
+    }
+    if total > MAX_DATA_SIZE {
+        causes.push(too_long("", MAX_DATA_SIZE));
+    }
+}
+
+/// Kind-specific update rules (`ValidateSecretUpdate`, `ValidateConfigMapUpdate`,
+/// `ValidateNodeUpdate`, `ValidateRoleBindingUpdate`).
+pub fn validate_kind_update(res: &Resource, new: &Value, old: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let immutable_set = old.get("immutable") == Some(&json!(true));
+    match res.plural {
+        "secrets" | "configmaps" => {
+            if res.plural == "secrets" && new.get("type") != old.get("type") {
+                causes.push(Cause::invalid(
+                    "type",
+                    new.get("type").unwrap_or(&Value::Null),
+                    "field is immutable",
+                ));
+            }
+            if immutable_set {
+                if new.get("immutable") != old.get("immutable") {
+                    causes.push(Cause::forbidden(
+                        "immutable",
+                        "field is immutable when `immutable` is set",
+                    ));
+                }
+                let fields: &[&str] = if res.plural == "secrets" {
+                    &["data"]
+                } else {
+                    &["data", "binaryData"]
+                };
+                for f in fields {
+                    let norm = |v: Option<&Value>| {
+                        v.filter(|v| v.as_object().is_some_and(|m| !m.is_empty()))
+                            .cloned()
+                    };
+                    if norm(new.get(*f)) != norm(old.get(*f)) {
+                        causes.push(Cause::forbidden(
+                            f,
+                            "field is immutable when `immutable` is set",
+                        ));
+                    }
+                }
+            }
+        }
+        "nodes" => validate_node_update(new, old, &mut causes),
+        "rolebindings" | "clusterrolebindings" => {
+            if new.get("roleRef") != old.get("roleRef") {
+                causes.push(Cause::invalid(
+                    "roleRef",
+                    new.get("roleRef").unwrap_or(&Value::Null),
+                    "cannot change roleRef",
+                ));
+            }
+        }
+        _ => {}
+    }
     causes
+}
+
+/// `ValidateNodeUpdate` and `ValidateNode`: no duplicate addresses, `podCIDRs` and
+/// `providerID` fixed once set, taints well-formed and unique by key and effect.
+fn validate_node_update(new: &Value, old: &Value, causes: &mut Vec<Cause>) {
+    let old_cidrs = old.pointer("/spec/podCIDRs").and_then(Value::as_array);
+    if let Some(oc) = old_cidrs.filter(|c| !c.is_empty())
+        && new.pointer("/spec/podCIDRs").and_then(Value::as_array) != Some(oc)
+    {
+        causes.push(Cause::forbidden(
+            "spec.podCIDRs",
+            "node updates may not change podCIDR except from \"\" to valid",
+        ));
+    }
+    if let Some(op) = str_at(old, "/spec/providerID").filter(|p| !p.is_empty())
+        && str_at(new, "/spec/providerID") != Some(op)
+    {
+        causes.push(Cause::forbidden(
+            "spec.providerID",
+            "node updates may not change providerID except from \"\" to valid",
+        ));
+    }
+}
+
+/// `ValidateNode` parts that apply to every write: unique addresses, taints.
+fn validate_node(obj: &Value, causes: &mut Vec<Cause>) {
+    if let Some(addrs) = obj.pointer("/status/addresses").and_then(Value::as_array) {
+        let mut seen = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            let key = (a.get("type").cloned(), a.get("address").cloned());
+            if seen.contains(&key) {
+                causes.push(Cause {
+                    reason: "FieldValueDuplicate",
+                    field: format!("status.addresses[{i}]"),
+                    message: format!(
+                        "Duplicate value: {}",
+                        json!({"type": key.0, "address": key.1})
+                    ),
+                });
+            }
+            seen.push(key);
+        }
+    }
+    if let Some(taints) = obj.pointer("/spec/taints").and_then(Value::as_array) {
+        let mut seen = Vec::new();
+        for (i, t) in taints.iter().enumerate() {
+            let key = str_at(t, "/key").unwrap_or("");
+            let effect = str_at(t, "/effect").unwrap_or("");
+            if key.is_empty() {
+                causes.push(Cause::required(&format!("spec.taints[{i}].key"), ""));
+            } else if !is_qualified_name(key) {
+                causes.push(Cause::invalid(
+                    &format!("spec.taints[{i}].key"),
+                    &json!(key),
+                    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                ));
+            }
+            if let Some(v) = str_at(t, "/value").filter(|v| !v.is_empty())
+                && !is_label_value(v)
+            {
+                causes.push(Cause::invalid(
+                    &format!("spec.taints[{i}].value"),
+                    &json!(v),
+                    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                ));
+            }
+            match effect {
+                "NoSchedule" | "PreferNoSchedule" | "NoExecute" => {}
+                "" => causes.push(Cause::required(&format!("spec.taints[{i}].effect"), "")),
+                other => causes.push(Cause {
+                    reason: "FieldValueNotSupported",
+                    field: format!("spec.taints[{i}].effect"),
+                    message: format!("Unsupported value: \"{other}\": supported values: \"NoSchedule\", \"PreferNoSchedule\", \"NoExecute\""),
+                }),
+            }
+            if seen.contains(&(key, effect)) {
+                causes.push(Cause {
+                    reason: "FieldValueDuplicate",
+                    field: format!("spec.taints[{i}]"),
+                    message: "Duplicate value: taints must be unique by key and effect pair".into(),
+                });
+            }
+            seen.push((key, effect));
+        }
+    }
+}
+
+fn is_label_value(v: &str) -> bool {
+    v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && v.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
+        && v.as_bytes().last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// A qualified name (`prefix/name` with a DNS subdomain prefix).
+fn is_qualified_name(k: &str) -> bool {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    prefix.is_none_or(is_dns_subdomain) && !name.is_empty() && is_label_value(name)
 }
 
 fn validate_pod(obj: &Value, causes: &mut Vec<Cause>) {

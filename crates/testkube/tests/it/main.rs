@@ -7,6 +7,7 @@ mod conformance_patch;
 mod conformance_scale;
 mod conformance_scheduler;
 mod conformance_status;
+mod conformance_validation;
 mod conformance_watch;
 mod kubectl;
 mod kubectl_api;
