@@ -686,8 +686,22 @@ pub fn update(st: &State, req: &Request) -> Reply {
     let (code, obj, deleting, warnings) = {
         let mut g = st.store.lock();
         let Some(existing) = g.get(idx, &ns, &name) else {
-            return Err(ApiError::not_found(req.res, &name));
+            drop(g);
+            return create_on_update(st, req, new, &name);
         };
+        if !allows_unconditional_update(req.res)
+            && meta_str(&new, "resourceVersion").is_none_or(str::is_empty)
+        {
+            return Err(ApiError::invalid(
+                req.res,
+                &name,
+                &[crate::status::Cause::invalid(
+                    "metadata.resourceVersion",
+                    &json!(""),
+                    "must be specified for an update",
+                )],
+            ));
+        }
         let (code, obj, warnings) = write_update(req, &mut g, new, &existing)?;
         (
             code,
@@ -701,6 +715,55 @@ pub fn update(st: &State, req: &Request) -> Reply {
         st.kick_gc();
     }
     Ok(warned(code, &obj, &warnings))
+}
+
+/// `AllowUnconditionalUpdate` of the kind's strategy: false for Leases
+/// (`pkg/registry/coordination/lease/strategy.go`).
+fn allows_unconditional_update(res: &Resource) -> bool {
+    res.plural != "leases"
+}
+
+/// `AllowCreateOnUpdate` of the kind's strategy: Leases, Events, Endpoints and the RBAC
+/// kinds are created by a PUT of a missing object.
+fn allows_create_on_update(res: &Resource) -> bool {
+    matches!(
+        res.plural,
+        "leases"
+            | "events"
+            | "endpoints"
+            | "roles"
+            | "rolebindings"
+            | "clusterroles"
+            | "clusterrolebindings"
+    )
+}
+
+/// A PUT of a missing object: 404, or a create (201) where the kind allows it.
+fn create_on_update(st: &State, req: &Request, mut body: Value, name: &str) -> Reply {
+    if !allows_create_on_update(req.res) || req.sub.is_some() {
+        return Err(ApiError::not_found(req.res, name));
+    }
+    if meta_str(&body, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
+        return Err(ApiError::not_found(req.res, name));
+    }
+    match meta_str(&body, "name") {
+        Some(n) if n != name => {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            )));
+        }
+        _ => {}
+    }
+    if !body["metadata"].is_object() {
+        body["metadata"] = json!({});
+    }
+    body["metadata"]["name"] = json!(name);
+    let creq = Request {
+        body: Bytes::from(serde_json::to_vec(&body).unwrap_or_default()),
+        name: None,
+        ..req.clone()
+    };
+    create(st, &creq)
 }
 
 /// PATCH.
@@ -746,6 +809,8 @@ struct DeleteOptions {
     uid: Option<String>,
     rv: Option<String>,
     propagation: Option<String>,
+    /// `orphanDependents: false` given explicitly (the one case of a 202).
+    orphan_false: bool,
     dry_run: bool,
 }
 
@@ -768,8 +833,10 @@ fn delete_options(req: &Request) -> Result<DeleteOptions, ApiError> {
             .get("propagationPolicy")
             .and_then(Value::as_str)
             .map(String::from);
-        if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
-            o.propagation = Some("Orphan".into());
+        match v.get("orphanDependents").and_then(Value::as_bool) {
+            Some(true) => o.propagation = Some("Orphan".into()),
+            Some(false) => o.orphan_false = true,
+            None => {}
         }
         o.dry_run = v
             .get("dryRun")
@@ -783,6 +850,11 @@ fn delete_options(req: &Request) -> Result<DeleteOptions, ApiError> {
     }
     if let Some(p) = req.query.get("propagationPolicy") {
         o.propagation = Some(p.clone());
+    }
+    match req.query.get("orphanDependents").map(String::as_str) {
+        Some("true") => o.propagation = Some("Orphan".into()),
+        Some("false") => o.orphan_false = true,
+        _ => {}
     }
     o.dry_run |= is_dry_run(req);
     match o.propagation.as_deref() {
@@ -865,13 +937,7 @@ pub fn delete(st: &State, req: &Request) -> Reply {
         let Some(existing) = g.get(res_index(req.res), &ns, &name) else {
             return Err(ApiError::not_found(req.res, &name));
         };
-        check_preconditions(
-            req.res,
-            &name,
-            &existing,
-            opts.uid.as_deref(),
-            opts.rv.as_deref(),
-        )?;
+        before_delete_preconditions(req.res, &name, &existing, &opts)?;
         delete_locked(
             &mut g,
             req.res,
@@ -885,13 +951,61 @@ pub fn delete(st: &State, req: &Request) -> Reply {
     st.notify();
     st.kick_gc();
     if !removed {
-        return Ok(json_response(202, &obj));
+        // `handlers/delete.go`: 200 with the object still there (graceful or held by a
+        // finalizer); 202 only when the caller set `orphanDependents: false`.
+        return Ok(json_response(
+            if opts.orphan_false { 202 } else { 200 },
+            &obj,
+        ));
     }
     if returns_deleted_object(req.res) {
         Ok(json_response(200, &obj))
     } else {
         Ok(json_response(200, &success_status(req.res, &obj)))
     }
+}
+
+/// The precondition checks of `rest.BeforeDelete`, with its messages; the conflict names
+/// the Kind (it is built from the object's GroupVersionKind).
+fn before_delete_preconditions(
+    res: &'static Resource,
+    name: &str,
+    existing: &Value,
+    opts: &DeleteOptions,
+) -> Result<(), ApiError> {
+    let by_kind = Resource {
+        plural: res.kind,
+        ..*res
+    };
+    if let Some(uid) = opts.uid.as_deref()
+        && uid != meta_str(existing, "uid").unwrap_or("")
+    {
+        let mut e = ApiError::conflict(
+            &by_kind,
+            name,
+            &format!(
+                "the UID in the precondition ({uid}) does not match the UID in record ({}). The object might have been deleted and then recreated",
+                meta_str(existing, "uid").unwrap_or("")
+            ),
+        );
+        e.details = Some(json!({"name": name, "kind": res.kind, "group": res.group}));
+        return Err(e);
+    }
+    if let Some(rv) = opts.rv.as_deref()
+        && rv != meta_str(existing, "resourceVersion").unwrap_or("")
+    {
+        let mut e = ApiError::conflict(
+            &by_kind,
+            name,
+            &format!(
+                "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({}). The object might have been modified",
+                meta_str(existing, "resourceVersion").unwrap_or("")
+            ),
+        );
+        e.details = Some(json!({"name": name, "kind": res.kind, "group": res.group}));
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// DELETE a collection: deletes every selected object; answers the list of them.

@@ -937,6 +937,14 @@ pub fn decide_delete(
     if !finalizers.is_empty() {
         out["metadata"]["finalizers"] = json!(finalizers);
     }
+    // `rest.BeforeDelete`: setting (or shortening) the deletion bumps a tracked generation.
+    if let Some(g) = obj
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .filter(|g| *g > 0)
+    {
+        out["metadata"]["generation"] = json!(g + 1);
+    }
     DeleteOutcome::Update(out)
 }
 

@@ -56,7 +56,9 @@ async fn scheduled_pods_are_deleted_gracefully_until_the_kubelets_final_delete()
         pods.get_opt("p").await.unwrap().is_some(),
         "the pod waits for its kubelet"
     );
-    // The kubelet's final delete: grace 0 with a uid precondition. A wrong uid conflicts.
+    // The kubelet's final delete: grace 0 with a uid precondition. A wrong uid conflicts,
+    // in the words of `staging/src/k8s.io/apiserver/pkg/registry/rest/delete.go`
+    // (`BeforeDelete`), which names the Kind.
     let wrong = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {
@@ -69,8 +71,11 @@ async fn scheduled_pods_are_deleted_gracefully_until_the_kubelets_final_delete()
         Err(kube::Error::Api(st)) => {
             assert_eq!(st.code, 409);
             assert!(
-                st.message
-                    .contains("Precondition failed: UID in precondition: other"),
+                st.message.starts_with(
+                    "Operation cannot be fulfilled on Pod \"p\": the UID in the precondition (other) does not match the UID in record ("
+                ) && st.message.ends_with(
+                    "). The object might have been deleted and then recreated"
+                ),
                 "{}",
                 st.message
             );
@@ -87,6 +92,56 @@ async fn scheduled_pods_are_deleted_gracefully_until_the_kubelets_final_delete()
     };
     pods.delete("p", &kubelet).await.unwrap();
     assert!(pods.get_opt("p").await.unwrap().is_none());
+}
+
+/// `staging/src/k8s.io/apiserver/pkg/endpoints/handlers/delete.go`: a DELETE that does
+/// not remove the object answers 200 with it (202 only for `orphanDependents: false`),
+/// and `rest.BeforeDelete` bumps a tracked generation when it sets the deletion.
+#[tokio::test]
+async fn delete_that_keeps_the_object_answers_200_and_bumps_generation() {
+    let s = ApiServer::start().await.unwrap();
+    let created = crate::conformance::json_req(
+        &s,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        serde_json::to_value(pod("p", Some("n1"))).unwrap(),
+    )
+    .await
+    .1;
+    assert_eq!(created["metadata"]["generation"], 1);
+    let (code, got) = crate::conformance::json_req(
+        &s,
+        "DELETE",
+        "/api/v1/namespaces/default/pods/p",
+        json!(null),
+    )
+    .await;
+    assert_eq!(code, 200, "{got}");
+    assert_eq!(got["kind"], "Pod");
+    assert_eq!(got["metadata"]["generation"], 2);
+    assert!(got["metadata"]["deletionTimestamp"].is_string());
+    // A finalizer-held ConfigMap: 200 with the object.
+    let cms: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let mut held = crate::conformance::cm("held");
+    held.metadata.finalizers = Some(vec!["example.com/x".into()]);
+    cms.create(&PostParams::default(), &held).await.unwrap();
+    let (code, got) = crate::conformance::json_req(
+        &s,
+        "DELETE",
+        "/api/v1/namespaces/default/configmaps/held",
+        json!({"orphanDependents": false}),
+    )
+    .await;
+    assert_eq!(code, 202, "orphanDependents=false is the one 202: {got}");
+    let (code, got) = crate::conformance::json_req(
+        &s,
+        "DELETE",
+        "/api/v1/namespaces/default/configmaps/held",
+        json!(null),
+    )
+    .await;
+    assert_eq!(code, 200, "{got}");
+    assert_eq!(got["kind"], "ConfigMap");
 }
 
 #[tokio::test]

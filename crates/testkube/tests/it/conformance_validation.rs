@@ -337,3 +337,57 @@ async fn role_binding_role_ref_is_immutable() {
     let v: Value = serde_json::to_value(rbs.get("rb").await.unwrap()).unwrap();
     assert_eq!(v["roleRef"]["name"], "a");
 }
+
+/// `pkg/registry/coordination/lease/strategy.go`: `AllowUnconditionalUpdate` is false,
+/// so a Lease update without a resourceVersion is 422; `AllowCreateOnUpdate` is true
+/// for Leases, Events and the RBAC kinds (`pkg/registry/rbac/*/strategy.go`).
+#[tokio::test]
+async fn lease_update_needs_a_resource_version_and_put_creates_leases_roles_bindings_events() {
+    let s = ApiServer::start().await.unwrap();
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}});
+    let path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/l";
+    let (code, got) = json_req(&s, "PUT", path, lease.clone()).await;
+    assert_eq!(code, 201, "PUT of a missing Lease creates it: {got}");
+    let (code, got) = json_req(&s, "PUT", path, lease.clone()).await;
+    assert_eq!(code, 422, "{got}");
+    assert_eq!(
+        got["details"]["causes"][0]["field"],
+        "metadata.resourceVersion"
+    );
+    let mut with_rv = lease.clone();
+    with_rv["metadata"]["resourceVersion"] = got["metadata"]["resourceVersion"].clone();
+    let (_, current) = json_req(&s, "GET", path, Value::Null).await;
+    with_rv["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+    with_rv["spec"]["holderIdentity"] = json!("b");
+    let (code, got) = json_req(&s, "PUT", path, with_rv).await;
+    assert_eq!(code, 200, "{got}");
+    for (path, body) in [
+        (
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles/r",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "r"}, "rules": []}),
+        ),
+        (
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings/rb",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "rb"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"}}),
+        ),
+        (
+            "/api/v1/namespaces/default/events/e",
+            json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e"},
+                "involvedObject": {"kind": "Pod", "name": "p"}, "reason": "R", "message": "m"}),
+        ),
+    ] {
+        let (code, got) = json_req(&s, "PUT", path, body).await;
+        assert_eq!(code, 201, "{path}: {got}");
+    }
+    // Kinds without AllowCreateOnUpdate stay 404.
+    let (code, _) = json_req(
+        &s,
+        "PUT",
+        "/api/v1/namespaces/default/configmaps/nope",
+        json!({"metadata": {"name": "nope"}}),
+    )
+    .await;
+    assert_eq!(code, 404);
+}
