@@ -423,7 +423,7 @@ pub fn list(st: &State, req: &Request) -> Reply {
     let g = st.store.lock();
     let (items, list_rv) = if let Some(token) = cont {
         let (rv, tns, tname) = decode_continue(token)?;
-        if rv < g.floor() {
+        if rv < g.floor_of(idx) {
             return Err(ApiError::expired(
                 "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
             ));
@@ -523,7 +523,16 @@ pub fn watch(st: &State, req: &Request, drop_after_backlog: bool) -> Reply {
         None | Some("") | Some("0") => Start::Current,
         // Streaming lists: the state as of now (at least that version), then changes.
         Some(_) if send_initial => Start::Current,
-        Some(rv) => Start::From(parse_rv(rv)?),
+        Some(rv) => {
+            let rv = parse_rv(rv)?;
+            let current = st.store.lock().rv();
+            if rv > current {
+                // The watch cache waits briefly for a fresher store, then answers this;
+                // a single store never gets there, so it answers at once.
+                return Err(too_large_rv(rv, current));
+            }
+            Start::From(rv)
+        }
     };
     let bookmarks = req
         .query
