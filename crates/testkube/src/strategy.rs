@@ -170,18 +170,17 @@ fn validate_secret(obj: &Value, causes: &mut Vec<Cause>) {
     let has = |k: &str| data.contains_key(k);
     let ty = str_at(obj, "/type").unwrap_or("Opaque");
     match ty {
-        "kubernetes.io/service-account-token" => {
+        "kubernetes.io/service-account-token"
             if str_at(
                 obj,
                 "/metadata/annotations/kubernetes.io~1service-account.name",
             )
-            .is_none_or(str::is_empty)
-            {
-                causes.push(Cause::required(
-                    "metadata.annotations[kubernetes.io/service-account.name]",
-                    "",
-                ));
-            }
+            .is_none_or(str::is_empty) =>
+        {
+            causes.push(Cause::required(
+                "metadata.annotations[kubernetes.io/service-account.name]",
+                "",
+            ));
         }
         "kubernetes.io/dockercfg" if !has(".dockercfg") => {
             causes.push(Cause::required("data[.dockercfg]", ""));
@@ -283,14 +282,12 @@ pub fn validate_kind_update(res: &Resource, new: &Value, old: &Value) -> Vec<Cau
             }
         }
         "nodes" => validate_node_update(new, old, &mut causes),
-        "rolebindings" | "clusterrolebindings" => {
-            if new.get("roleRef") != old.get("roleRef") {
-                causes.push(Cause::invalid(
-                    "roleRef",
-                    new.get("roleRef").unwrap_or(&Value::Null),
-                    "cannot change roleRef",
-                ));
-            }
+        "rolebindings" | "clusterrolebindings" if new.get("roleRef") != old.get("roleRef") => {
+            causes.push(Cause::invalid(
+                "roleRef",
+                new.get("roleRef").unwrap_or(&Value::Null),
+                "cannot change roleRef",
+            ));
         }
         _ => {}
     }
