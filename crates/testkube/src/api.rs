@@ -1017,6 +1017,67 @@ fn before_delete_preconditions(
     Ok(())
 }
 
+/// `POST pods/{name}/eviction` (`pkg/registry/core/pod/storage/eviction.go`): with no
+/// PodDisruptionBudgets served, an eviction is the delete its `deleteOptions` describe;
+/// a pod already being deleted is a success. Answers 201 with a Success Status.
+pub fn evict(
+    st: &State,
+    res: &'static Resource,
+    ns: Option<String>,
+    name: String,
+    query: HashMap<String, String>,
+    user: auth::UserInfo,
+    body: Bytes,
+) -> Reply {
+    let ev: Value = if body.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the Eviction body could not be decoded as JSON: {e}"
+            ))
+        })?
+    };
+    if let Some(k) = ev.get("kind").and_then(Value::as_str)
+        && k != "Eviction"
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({k}) does not match the expected kind (Eviction)"
+        )));
+    }
+    if let Some(n) = meta_str(&ev, "name")
+        && n != name
+    {
+        return Err(ApiError::bad_request(
+            "name in URL does not match name in Eviction object",
+        ));
+    }
+    let opts = ev.get("deleteOptions").cloned().unwrap_or(json!({}));
+    let dreq = Request {
+        res,
+        sub: None,
+        ns,
+        name: Some(name.clone()),
+        query,
+        body: Bytes::from(serde_json::to_vec(&opts).unwrap_or_default()),
+        content_type: "application/json".into(),
+        user,
+        accept: "application/json".into(),
+    };
+    let (pns, pname) = scope(&dreq);
+    let terminating = match st.store.lock().get(res_index(res), &pns, &pname) {
+        None => return Err(ApiError::not_found(res, &name)),
+        Some(p) => p.pointer("/metadata/deletionTimestamp").is_some(),
+    };
+    if !terminating {
+        delete(st, &dreq)?;
+    }
+    Ok(json_response(
+        201,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
+}
+
 /// DELETE a collection: deletes every selected object; answers the list of them.
 pub fn delete_collection(st: &State, req: &Request) -> Reply {
     let opts = delete_options(req)?;

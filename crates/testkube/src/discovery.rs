@@ -72,13 +72,19 @@ fn sub_entry(r: &Resource, sub: &str) -> Value {
         "portforward" => ("PodPortForwardOptions", &["create", "get"]),
         _ => (r.kind, &["get"]),
     };
-    json!({
+    let mut e = json!({
         "name": format!("{}/{sub}", r.plural),
         "singularName": "",
         "namespaced": r.namespaced,
         "kind": kind,
         "verbs": verbs,
-    })
+    });
+    if sub == "eviction" {
+        // kubectl drain reads the Eviction's group and version from here.
+        e["group"] = json!("policy");
+        e["version"] = json!("v1");
+    }
+    e
 }
 
 /// `/api/v1` or `/apis/<group>/<version>`.

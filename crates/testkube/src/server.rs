@@ -1072,6 +1072,20 @@ async fn resource_request(
             Err(e) => e.into_response(),
         };
     }
+    if res.plural == "pods"
+        && sub.as_deref() == Some("eviction")
+        && let Some(n) = name.clone()
+    {
+        if verb != "create" {
+            return ApiError::method_not_allowed(verb, "pods/eviction").into_response();
+        }
+        let body = match read_body(req).await {
+            Ok(b) => b,
+            Err(e) => return e.into_response(),
+        };
+        return api::evict(state, res, ns, n, query, user, body)
+            .unwrap_or_else(ApiError::into_response);
+    }
     if let Some(s) = sub.as_deref()
         && !(s == "status" && res.has_status)
     {
