@@ -281,9 +281,17 @@ pub fn create(st: &State, req: &Request) -> Reply {
         if is_dry_run(req) {
             Arc::new(obj)
         } else {
+            let owned = obj
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty());
             let s = g.put(idx, obj);
             drop(g);
             st.notify();
+            if owned {
+                // The collector sees new dependents at once (its informers would).
+                st.kick_gc();
+            }
             s
         }
     };
@@ -720,7 +728,12 @@ pub fn update(st: &State, req: &Request) -> Reply {
         )
     };
     st.notify();
-    if deleting {
+    if deleting
+        || obj
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+    {
         st.kick_gc();
     }
     Ok(warned(code, &obj, &warnings))
@@ -805,7 +818,12 @@ pub fn patch(st: &State, req: &Request) -> Reply {
         )
     };
     st.notify();
-    if deleting {
+    if deleting
+        || obj
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+    {
         st.kick_gc();
     }
     Ok(warned(code, &obj, &warnings))

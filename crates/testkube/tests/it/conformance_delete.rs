@@ -291,13 +291,9 @@ async fn garbage_collection_compares_owner_uids_not_names() {
     api.create(&PostParams::default(), &owned_cm("dep", &[&old]))
         .await
         .unwrap();
-    // Deleting anything triggers a pass; the dependent's owner (old uid) is gone.
-    api.create(&PostParams::default(), &cm("trigger"))
-        .await
-        .unwrap();
-    api.delete("trigger", &DeleteParams::default())
-        .await
-        .unwrap();
+    // The dependent's owner (old uid) does not exist: it is collected on its own, without
+    // waiting for an unrelated delete (`pkg/controller/garbagecollector/garbagecollector.go`,
+    // `attemptToDeleteItem` finds the reference dangling).
     assert!(wait_gone(&api, "dep").await);
     // Orphan propagation keeps dependents and drops the reference.
     let o = api
@@ -317,6 +313,139 @@ async fn garbage_collection_compares_owner_uids_not_names() {
             .unwrap_or_default()
             .is_empty()
     );
+}
+
+/// `pkg/controller/garbagecollector/garbagecollector.go` (`processDeletingDependentsItem`):
+/// a foreground deletion waits only for dependents whose reference sets
+/// `blockOwnerDeletion`; every dependent is still deleted.
+#[tokio::test]
+async fn foreground_deletion_waits_only_for_block_owner_deletion_dependents() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let owner = api
+        .create(&PostParams::default(), &cm("owner"))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client(), "default");
+    let dep = |name: &str, block: bool| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": [{
+            "apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+            "uid": owner.metadata.uid, "blockOwnerDeletion": block}]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox:1.36"}]}}))
+        .unwrap()
+    };
+    // Scheduled pods terminate gracefully: they stay until their kubelet deletes them.
+    pods.create(&PostParams::default(), &dep("loose", false))
+        .await
+        .unwrap();
+    api.delete("owner", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    assert!(
+        wait_gone(&api, "owner").await,
+        "a non-blocking dependent does not hold the owner"
+    );
+    let loose = pods.get("loose").await.unwrap();
+    assert!(
+        loose.metadata.deletion_timestamp.is_some(),
+        "it is still deleted"
+    );
+
+    let owner = api
+        .create(&PostParams::default(), &cm("owner2"))
+        .await
+        .unwrap();
+    let mut blocking = dep("blocking", true);
+    blocking.metadata.owner_references.as_mut().unwrap()[0].name = "owner2".into();
+    blocking.metadata.owner_references.as_mut().unwrap()[0].uid =
+        owner.metadata.uid.clone().unwrap();
+    pods.create(&PostParams::default(), &blocking)
+        .await
+        .unwrap();
+    api.delete("owner2", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        api.get("owner2")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some(),
+        "a blocking dependent holds the owner"
+    );
+    pods.delete(
+        "blocking",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(wait_gone(&api, "owner2").await);
+}
+
+/// `pkg/controller/namespace/deletion/namespaced_resources_deleter.go`: contents are
+/// deleted with default options, so scheduled pods terminate gracefully and the
+/// namespace stays Terminating until their kubelet removes them.
+#[tokio::test]
+async fn namespace_deletion_terminates_scheduled_pods_gracefully() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let s = ApiServer::start().await.unwrap();
+    let nss: Api<Namespace> = Api::all(s.client());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "work"}})).unwrap();
+    nss.create(&PostParams::default(), &ns).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client(), "work");
+    pods.create(&PostParams::default(), &pod("running", Some("n1")))
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod("pending", None))
+        .await
+        .unwrap();
+    nss.delete("work", &DeleteParams::default()).await.unwrap();
+    let mut terminating = false;
+    for _ in 0..400 {
+        let gone = pods.get_opt("pending").await.unwrap().is_none();
+        let running = pods.get_opt("running").await.unwrap();
+        if gone
+            && running
+                .as_ref()
+                .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+        {
+            terminating = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        terminating,
+        "the unscheduled pod goes, the scheduled one terminates gracefully"
+    );
+    let running = pods.get("running").await.unwrap();
+    assert_eq!(running.metadata.deletion_grace_period_seconds, Some(30));
+    let n = nss.get("work").await.unwrap();
+    assert_eq!(n.status.unwrap().phase.as_deref(), Some("Terminating"));
+    // The kubelet's final delete empties it; then the namespace goes.
+    pods.delete(
+        "running",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut gone = false;
+    for _ in 0..400 {
+        if nss.get_opt("work").await.unwrap().is_none() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(gone, "the namespace goes once empty");
 }
 
 #[tokio::test]
