@@ -790,8 +790,16 @@ fn create_on_update(st: &State, req: &Request, mut body: Value, name: &str) -> R
 
 /// PATCH.
 pub fn patch(st: &State, req: &Request) -> Reply {
-    let kind = PatchKind::from_content_type(&req.content_type)
-        .map_err(|_| ApiError::unsupported_media_type(&req.content_type, patch::ACCEPTED))?;
+    let kind = PatchKind::from_content_type(&req.content_type).map_err(|_| {
+        let mut e = ApiError::unsupported_media_type(&req.content_type, patch::ACCEPTED);
+        if req.content_type.starts_with("application/apply-patch") {
+            e.message = format!(
+                "{} (server-side apply is not implemented by this API double, and product code must not use it: send a strategic merge, merge or JSON patch)",
+                e.message
+            );
+        }
+        e
+    })?;
     let (ns, name) = scope(req);
     let idx = res_index(req.res);
     let (code, obj, deleting, warnings) = {

@@ -150,6 +150,14 @@ async fn unsupported_patch_types_are_415() {
         (code, body["reason"].as_str()),
         (415, Some("UnsupportedMediaType"))
     );
+    // The refusal names the gap rather than looking like a client mistake.
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("server-side apply is not implemented by this API double"),
+        "{body}"
+    );
 }
 
 #[tokio::test]
