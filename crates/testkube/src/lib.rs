@@ -30,6 +30,7 @@ pub mod patch;
 pub mod protobuf;
 pub mod proxy;
 mod proxy_seam;
+pub mod query;
 pub mod resources;
 pub mod scheduler;
 pub mod selector;

@@ -259,72 +259,6 @@ fn kubelet_status(code: u16, body: &str, pod: &str) -> Response<Body> {
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// Query strings, the way Go's net/url reads and writes them.
-
-/// Percent-decodes a query component (`+` is a space).
-pub fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                let hex = |c: u8| (c as char).to_digit(16);
-                match (hex(b[i + 1]), hex(b[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Go's `url.QueryEscape`.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &c in s.as_bytes() {
-        match c {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                out.push(c as char)
-            }
-            b' ' => out.push('+'),
-            _ => out.push_str(&format!("%{c:02X}")),
-        }
-    }
-    out
-}
-
-/// Query pairs in order, decoded.
-pub fn parse_query(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (unescape(k), unescape(v))
-        })
-        .collect()
-}
-
-/// Go's `url.Values.Encode`: keys sorted, values of one key in insertion order.
-pub fn encode_query(params: &[(&str, String)]) -> String {
-    let mut sorted: Vec<&(&str, String)> = params.iter().collect();
-    sorted.sort_by(|a, b| a.0.cmp(b.0));
-    sorted
-        .iter()
-        .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
 fn first<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
     pairs
         .iter()
@@ -447,7 +381,7 @@ pub struct LogLocation {
 /// Maps `pods/{name}/log?...` to the kubelet's `containerLogs` location
 /// (`LogLocation` and `ValidatePodLogOptions`).
 pub fn log_location(pod: &Value, query: &str) -> Result<LogLocation, ProxyError> {
-    let q = parse_query(query);
+    let q = crate::query::pairs(query);
     let name = meta(pod, "name");
     let tail = query_i64(&q, "tailLines")?;
     let limit = query_i64(&q, "limitBytes")?;
@@ -559,7 +493,7 @@ fn with_query(path: String, params: &[(&str, String)]) -> String {
     if params.is_empty() {
         path
     } else {
-        format!("{path}?{}", encode_query(params))
+        format!("{path}?{}", crate::query::encode(params))
     }
 }
 
@@ -577,7 +511,7 @@ fn require_node(pod: &Value) -> Result<(), ProxyError> {
 /// (`streamLocation`): stdin/stdout/stderr/tty become input/output/error/tty=1 when true,
 /// `command` values are kept in order.
 pub fn exec_location(pod: &Value, kind: &str, query: &str) -> Result<String, ProxyError> {
-    let q = parse_query(query);
+    let q = crate::query::pairs(query);
     let container = choose_container(pod, first(&q, "container"))?;
     require_node(pod)?;
     let mut params: Vec<(&str, String)> = Vec::new();
@@ -610,7 +544,7 @@ pub fn exec_location(pod: &Value, kind: &str, query: &str) -> Result<String, Pro
 
 /// Maps `pods/{name}/portforward?ports=...` to `/portForward/{ns}/{pod}?port=a,b`.
 pub fn port_forward_location(pod: &Value, query: &str) -> Result<String, ProxyError> {
-    let q = parse_query(query);
+    let q = crate::query::pairs(query);
     require_node(pod)?;
     let mut ports = Vec::new();
     for (k, v) in &q {
@@ -1278,17 +1212,6 @@ mod tests {
                 "{e}"
             );
         }
-    }
-
-    #[test]
-    fn query_escaping_matches_go() {
-        assert_eq!(escape("a b&c/d"), "a+b%26c%2Fd");
-        assert_eq!(unescape("a+b%26c%2Fd"), "a b&c/d");
-        assert_eq!(unescape("bad%zz%"), "bad%zz%");
-        assert_eq!(
-            encode_query(&[("b", "1".into()), ("a", "2".into()), ("b", "0".into())]),
-            "a=2&b=1&b=0"
-        );
     }
 
     #[test]
