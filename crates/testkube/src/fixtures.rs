@@ -3,7 +3,6 @@
 //! and the rustls crypto provider install. For tests only; nothing here is used by the
 //! double itself at runtime.
 
-use std::future::Future;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -23,11 +22,12 @@ pub fn install_crypto() {
 }
 
 /// Polls `check` every 50 ms until it holds; panics naming `what` after `timeout`.
-pub async fn eventually_within<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
+/// Takes an async closure or a closure returning a future (`|| async { ... }`).
+pub async fn eventually_within(
+    what: &str,
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> bool,
+) {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if check().await {
@@ -42,11 +42,7 @@ where
 }
 
 /// [`eventually_within`] with [`PATIENCE`].
-pub async fn eventually<F, Fut>(what: &str, check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
+pub async fn eventually(what: &str, check: impl AsyncFnMut() -> bool) {
     eventually_within(what, PATIENCE, check).await;
 }
 
