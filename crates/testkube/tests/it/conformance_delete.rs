@@ -518,3 +518,64 @@ async fn namespace_deletion_removes_its_contents() {
     assert!(wait_gone(&nss, "team").await);
     assert!(api.get_opt("a").await.unwrap().is_none());
 }
+
+/// `pkg/registry/core/pod/storage/eviction.go` without PodDisruptionBudgets: an
+/// eviction is the delete its `deleteOptions` describe, 201 Success; a terminating pod is
+/// a success; a missing pod 404; a body naming another pod 400.
+#[tokio::test]
+async fn pod_eviction_deletes_through_its_delete_options() {
+    use crate::conformance::json_req;
+    let s = ApiServer::start().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client(), "default");
+    pods.create(&PostParams::default(), &pod("p", Some("n1")))
+        .await
+        .unwrap();
+    let eviction = |name: &str, grace: Option<i64>| {
+        let mut e = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": "default"}});
+        if let Some(g) = grace {
+            e["deleteOptions"] = json!({"gracePeriodSeconds": g});
+        }
+        e
+    };
+    let path = "/api/v1/namespaces/default/pods/p/eviction";
+    let (code, got) = json_req(&s, "POST", path, eviction("p", Some(5))).await;
+    assert_eq!(
+        (code, got["status"].as_str()),
+        (201, Some("Success")),
+        "{got}"
+    );
+    let p = pods.get("p").await.unwrap();
+    assert_eq!(
+        p.metadata.deletion_grace_period_seconds,
+        Some(5),
+        "graceful: scheduled pod"
+    );
+    let (code, _) = json_req(&s, "POST", path, eviction("p", None)).await;
+    assert_eq!(code, 201, "evicting a terminating pod succeeds");
+    let (code, got) = json_req(&s, "POST", path, eviction("other", None)).await;
+    assert_eq!(code, 400, "{got}");
+    let (code, _) = json_req(
+        &s,
+        "POST",
+        "/api/v1/namespaces/default/pods/missing/eviction",
+        eviction("missing", None),
+    )
+    .await;
+    assert_eq!(code, 404);
+    pods.create(&PostParams::default(), &pod("q", None))
+        .await
+        .unwrap();
+    let (code, _) = json_req(
+        &s,
+        "POST",
+        "/api/v1/namespaces/default/pods/q/eviction",
+        eviction("q", None),
+    )
+    .await;
+    assert_eq!(code, 201);
+    assert!(
+        pods.get_opt("q").await.unwrap().is_none(),
+        "an unscheduled pod goes at once"
+    );
+}
