@@ -104,7 +104,7 @@ pub fn authenticate(
         return None;
     }
     let stored = data(secret, "token-secret")?;
-    if !ring_eq(stored.as_bytes(), token_secret.as_bytes()) {
+    if !constant_time_eq(stored.as_bytes(), token_secret.as_bytes()) {
         return None;
     }
     if data(secret, "token-id").as_deref() != Some(token_id) || expired(secret, now) {
@@ -131,7 +131,7 @@ pub fn authenticate(
     })
 }
 
-fn ring_eq(a: &[u8], b: &[u8]) -> bool {
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     // Constant time in the content (length differences are public).
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
