@@ -5,7 +5,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
-use crate::{api_server, eventually};
+use testkube::fixtures::eventually_within as eventually;
+
+use crate::api_server;
 
 fn config(identity: &str) -> LeaseConfig {
     LeaseConfig::new("kube-system", "test-lease", identity).with_timings(
@@ -32,14 +34,14 @@ async fn one_leader_and_a_standby_takes_over_after_the_holder_dies() {
     let (a, task_a) = LeaderElection::new(server.client(), config("a"))
         .unwrap()
         .spawn(stop_a.clone());
-    eventually("a leads", Duration::from_secs(20), || a.is_leader()).await;
+    eventually("a leads", Duration::from_secs(20), async || a.is_leader()).await;
 
     let stop_b = CancellationToken::new();
     let (b, task_b) = LeaderElection::new(server.client(), config("b"))
         .unwrap()
         .spawn(stop_b.clone());
     // b sees the lease held and stays a follower while a keeps renewing.
-    eventually("b reads the lease", Duration::from_secs(20), || {
+    eventually("b reads the lease", Duration::from_secs(20), async || {
         b.status().holder.as_deref() == Some("a")
     })
     .await;
@@ -52,7 +54,10 @@ async fn one_leader_and_a_standby_takes_over_after_the_holder_dies() {
     // leader at its renew deadline, before b's takeover after the lease duration.
     task_a.abort();
     let died = tokio::time::Instant::now();
-    eventually("b takes over", Duration::from_secs(30), || b.is_leader()).await;
+    eventually("b takes over", Duration::from_secs(30), async || {
+        b.is_leader()
+    })
+    .await;
     let took = died.elapsed();
     assert!(!a.is_leader(), "a dead holder still claims to lead");
     assert!(
@@ -82,12 +87,12 @@ async fn a_released_lease_is_taken_at_the_next_retry() {
     let (a, task_a) = LeaderElection::new(server.client(), config("a"))
         .unwrap()
         .spawn(stop_a.clone());
-    eventually("a leads", Duration::from_secs(20), || a.is_leader()).await;
+    eventually("a leads", Duration::from_secs(20), async || a.is_leader()).await;
     let stop_b = CancellationToken::new();
     let (b, _task_b) = LeaderElection::new(server.client(), config("b"))
         .unwrap()
         .spawn(stop_b.clone());
-    eventually("b reads the lease", Duration::from_secs(20), || {
+    eventually("b reads the lease", Duration::from_secs(20), async || {
         b.status().holder.as_deref() == Some("a")
     })
     .await;
@@ -95,7 +100,10 @@ async fn a_released_lease_is_taken_at_the_next_retry() {
     task_a.await.unwrap();
     assert!(!a.is_leader());
     // Released: b need not wait out the 3 s duration of a's last renewal.
-    eventually("b takes over", Duration::from_secs(20), || b.is_leader()).await;
+    eventually("b takes over", Duration::from_secs(20), async || {
+        b.is_leader()
+    })
+    .await;
     stop_b.cancel();
 }
 
@@ -106,15 +114,18 @@ async fn a_holder_that_cannot_renew_stops_leading() {
     let (a, _task) = LeaderElection::new(server.client(), config("a"))
         .unwrap()
         .spawn(stop.clone());
-    eventually("a leads", Duration::from_secs(20), || a.is_leader()).await;
+    eventually("a leads", Duration::from_secs(20), async || a.is_leader()).await;
     // Every renewal now fails; the handle must turn false at the renew deadline, while the
     // lease object still names a.
     server.inject(testkube::Fault::new(testkube::FaultKind::Status(500)).resource("leases"));
-    eventually("a stops leading", Duration::from_secs(20), || {
+    eventually("a stops leading", Duration::from_secs(20), async || {
         !a.is_leader()
     })
     .await;
     server.clear_faults();
-    eventually("a leads again", Duration::from_secs(20), || a.is_leader()).await;
+    eventually("a leads again", Duration::from_secs(20), async || {
+        a.is_leader()
+    })
+    .await;
     stop.cancel();
 }
