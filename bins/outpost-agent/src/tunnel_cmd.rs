@@ -64,12 +64,17 @@ pub struct TunnelConfigArgs {
     /// ssh only: the login on the control-plane host.
     #[arg(long, default_value = "outpost", value_name = "USER")]
     pub ssh_user: String,
-    /// ssh only: the address the forwarded port binds on the control-plane host. Defaults
-    /// to this node's loopback address as the reconciler derives it (correct unless two
-    /// nodes' addresses collide; `stratum-server nodes diagnostics` shows the address the
-    /// reconciler expects). Needs `GatewayPorts clientspecified` in sshd_config.
+    /// ssh only: the address the forwarded port binds on the control-plane host. Default:
+    /// with --kubeconfig, the address the reconciler assigns this node (the ExternalIP it
+    /// published on the node, or the one it will publish); without, the first candidate
+    /// derived from the name (wrong when another node's name hashes to the same address).
+    /// Needs `GatewayPorts clientspecified` in sshd_config.
     #[arg(long, value_name = "ADDR")]
     pub remote_bind: Option<Ipv4Addr>,
+    /// ssh only: read the Nodes with this kubeconfig to bind exactly the address the
+    /// reconciler assigns this node (one list of Nodes, no writes).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub range: RangeArgs,
 }
@@ -80,21 +85,56 @@ pub fn kubelet_port(args: KubeletPortArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn tunnel_config(args: TunnelConfigArgs) -> anyhow::Result<ExitCode> {
+pub async fn tunnel_config(args: TunnelConfigArgs) -> anyhow::Result<ExitCode> {
     check_name(&args.node_name)?;
-    let port = args.range.range()?.port_for(&args.node_name);
+    let range = args.range.range()?;
+    let port = range.port_for(&args.node_name);
     let (host, server_port) = split_host_port(&args.server)?;
     let text = match args.format {
         Format::Frpc => frpc_toml(&args.node_name, &host, server_port, port),
         Format::Ssh => {
-            let bind = args
-                .remote_bind
-                .unwrap_or_else(|| nodeaddr::loopback_candidate(&args.node_name));
+            let bind = match (args.remote_bind, &args.kubeconfig) {
+                (Some(ip), _) => ip,
+                (None, Some(path)) => {
+                    let client = client(path).await?;
+                    let found = nodeaddr::bind_address(client, &args.node_name, range)
+                        .await
+                        .map_err(|e| anyhow::anyhow!(nodeaddr::error_chain(&e)))?;
+                    let how = match found.source {
+                        nodeaddr::BindSource::Published => {
+                            "published on the node by the reconciler"
+                        }
+                        nodeaddr::BindSource::Planned => {
+                            "assigned by the reconciler's plan; not published on the node yet"
+                        }
+                        nodeaddr::BindSource::Candidate => "derived from the name",
+                    };
+                    eprintln!("# binding {} ({how})", found.address);
+                    found.address
+                }
+                (None, None) => {
+                    let ip = nodeaddr::loopback_candidate(&args.node_name);
+                    eprintln!(
+                        "# binding {ip}, the first candidate for this name; pass --kubeconfig \
+                         to bind exactly the address the reconciler assigns"
+                    );
+                    ip
+                }
+            };
             ssh_command(&args.ssh_user, &host, server_port, bind, port)
         }
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
+}
+
+async fn client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(path)
+        .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .with_context(|| format!("cannot use kubeconfig {}", path.display()))?;
+    kube::Client::try_from(config).context("cannot build the Kubernetes client")
 }
 
 fn check_name(name: &str) -> anyhow::Result<()> {

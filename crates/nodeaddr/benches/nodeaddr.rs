@@ -123,7 +123,7 @@ async fn main() -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let runner = tokio::spawn({
         let cancel = cancel.clone();
-        async move { rr.run(cancel).await }
+        async move { rr.run(cancel, nodeaddr::always_leader()).await }
     });
     // Let run's initial pass (nothing to write) and its watcher's initial list settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
