@@ -71,6 +71,13 @@ pub struct TunnelConfigArgs {
     /// Needs `GatewayPorts clientspecified` in sshd_config.
     #[arg(long, value_name = "ADDR")]
     pub remote_bind: Option<Ipv4Addr>,
+    /// ssh only: the private key to log in with (rendered as `-i FILE -o IdentitiesOnly=yes`).
+    #[arg(long, value_name = "FILE")]
+    pub identity_file: Option<std::path::PathBuf>,
+    /// ssh only: a known_hosts file pinning the control-plane host's key (rendered as
+    /// `-o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes`).
+    #[arg(long, value_name = "FILE")]
+    pub known_hosts: Option<std::path::PathBuf>,
     /// ssh only: read the Nodes with this kubeconfig to bind exactly the address the
     /// reconciler assigns this node (one list of Nodes, no writes).
     #[arg(long, value_name = "FILE")]
@@ -121,7 +128,19 @@ pub async fn tunnel_config(args: TunnelConfigArgs) -> anyhow::Result<ExitCode> {
                     ip
                 }
             };
-            ssh_command(&args.ssh_user, &host, server_port, bind, port)
+            let mut options = Vec::new();
+            if let Some(key) = &args.identity_file {
+                options.push(format!("-i {}", shell_quote(&key.to_string_lossy())));
+                options.push("-o IdentitiesOnly=yes".to_string());
+            }
+            if let Some(known) = &args.known_hosts {
+                options.push(format!(
+                    "-o {}",
+                    shell_quote(&format!("UserKnownHostsFile={}", known.to_string_lossy()))
+                ));
+                options.push("-o StrictHostKeyChecking=yes".to_string());
+            }
+            ssh_command(&args.ssh_user, &host, server_port, bind, port, &options)
         }
     };
     print!("{text}");
@@ -225,11 +244,24 @@ fn shell_quote(s: &str) -> String {
 
 /// `ssh -N -R`: the forwarded port binds the node's loopback address on the control-plane
 /// host (a socket on 127.0.0.1 does not answer 127.a.b.c). ExitOnForwardFailure makes a
-/// port collision fail loudly instead of leaving a session that forwards nothing.
-fn ssh_command(user: &str, host: &str, ssh_port: u16, bind: Ipv4Addr, port: u16) -> String {
+/// forward that cannot bind fail loudly instead of leaving a session that forwards
+/// nothing; BatchMode makes a missing key or host key fail instead of prompting.
+fn ssh_command(
+    user: &str,
+    host: &str,
+    ssh_port: u16,
+    bind: Ipv4Addr,
+    port: u16,
+    options: &[String],
+) -> String {
+    let mut extra = String::new();
+    for o in options {
+        extra.push_str(o);
+        extra.push(' ');
+    }
     format!(
-        "ssh -N -o ExitOnForwardFailure=yes -o ServerAliveInterval=15 -o ServerAliveCountMax=3 \
-         -R {bind}:{port}:127.0.0.1:{port} -p {ssh_port} {dest}\n",
+        "ssh -N -o BatchMode=yes -o ExitOnForwardFailure=yes -o ServerAliveInterval=15 \
+         -o ServerAliveCountMax=3 {extra}-R {bind}:{port}:127.0.0.1:{port} -p {ssh_port} {dest}\n",
         dest = shell_quote(&format!("{user}@{host}")),
     )
 }
@@ -271,9 +303,18 @@ mod tests {
 
     #[test]
     fn ssh_binds_the_node_loopback() {
-        let cmd = ssh_command("outpost", "cp", 22, Ipv4Addr::new(127, 3, 4, 5), 21149);
-        assert!(cmd.starts_with("ssh -N -o ExitOnForwardFailure=yes"));
+        let cmd = ssh_command("outpost", "cp", 22, Ipv4Addr::new(127, 3, 4, 5), 21149, &[]);
+        assert!(cmd.starts_with("ssh -N -o BatchMode=yes -o ExitOnForwardFailure=yes"));
         assert!(cmd.contains(" -R 127.3.4.5:21149:127.0.0.1:21149 -p 22 outpost@cp\n"));
+        let cmd = ssh_command(
+            "outpost",
+            "cp",
+            22,
+            Ipv4Addr::new(127, 3, 4, 5),
+            21149,
+            &["-i /k".into()],
+        );
+        assert!(cmd.contains(" -i /k -R 127.3.4.5:"), "{cmd}");
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), "'it'\\''s'");
     }
