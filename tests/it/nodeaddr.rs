@@ -589,9 +589,9 @@ async fn kubectl_logs_reach_every_kubelet_through_its_ssh_tunnel() {
         let name = r["node_name"].as_str().unwrap();
         assert_eq!(r["patched"], true, "{r}");
         if name == a {
-            assert_eq!(collisions(r), [b.clone()]);
+            assert_eq!(collisions(r), [b.as_str()]);
         } else if name == b {
-            assert_eq!(collisions(r), [a.clone()]);
+            assert_eq!(collisions(r), [a.as_str()]);
         } else {
             assert!(collisions(r).is_empty(), "{r}");
         }
