@@ -670,7 +670,7 @@ impl Reconciler {
                         let e = Error::Watch(e);
                         if !ready {
                             // No view of the nodes at all: that is a failing pass.
-                            self.record(Err(&e), None);
+                            self.record(Err(&e), None, None);
                         } else if watch_failing {
                             debug!(error = %error_chain(&e), "node watch still failing; retrying with backoff");
                         } else {
@@ -716,6 +716,7 @@ impl Reconciler {
         events: Option<&mpsc::Sender<(Node, KubeEvent)>>,
         trigger: &'static str,
     ) {
+        let started = Instant::now();
         let nodes = with_overlay(store.state(), overlay);
         let span = info_span!("nodeaddr_pass", trigger, nodes = nodes.len());
         let events = match events {
@@ -726,23 +727,31 @@ impl Reconciler {
             .pass_over(&nodes, leader, overlay, events)
             .instrument(span)
             .await;
+        let took = Some(started.elapsed());
         match &result {
-            Ok(report) => self.record(Ok(()), Some(report)),
+            Ok(report) => self.record(Ok(()), Some(report), took),
             Err(e) => {
                 let report = match e {
                     Error::Writes { report, .. } => Some(&**report),
                     _ => None,
                 };
-                self.record(Err(e), report)
+                self.record(Err(e), report, took)
             }
         }
     }
 
-    fn record(&self, result: Result<(), &Error>, report: Option<&PassReport>) {
+    fn record(
+        &self,
+        result: Result<(), &Error>,
+        report: Option<&PassReport>,
+        took: Option<Duration>,
+    ) {
         if let Some(report) = report {
             self.monitor.set_nodes(&report.states);
         }
-        let failures_before = self.monitor.record_pass(result.map_err(|e| error_chain(e)));
+        let failures_before = self
+            .monitor
+            .record_pass(result.map_err(|e| error_chain(e)), took);
         match result {
             Ok(()) => {
                 let (writes, conflicts) =

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use std::fmt::Write as _;
@@ -37,6 +38,9 @@ pub struct Status {
     /// When the most recent successful pass finished.
     #[serde(default)]
     pub last_success_at: Option<DateTime<Utc>>,
+    /// How long the most recent pass took (plan and writes), in milliseconds.
+    #[serde(default)]
+    pub last_pass_ms: Option<u64>,
     /// The most recent pass's error; `None` when it succeeded.
     pub last_error: Option<String>,
     /// Passes failed in a row; zero after a successful pass.
@@ -153,6 +157,7 @@ struct Metrics {
     errors: Family<KindLabel, Counter>,
     watch_restarts: Counter,
     last_success: Gauge<f64, AtomicU64>,
+    last_pass_seconds: Gauge<f64, AtomicU64>,
     nodes: Family<StateLabel, Gauge>,
     leader: Gauge,
 }
@@ -205,6 +210,11 @@ impl Monitor {
             "last_success_timestamp_seconds",
             "Unix time of the last successful pass",
             m.last_success.clone(),
+        );
+        r.register(
+            "last_pass_duration_seconds",
+            "How long the last pass took (plan and writes)",
+            m.last_pass_seconds.clone(),
         );
         r.register(
             "nodes",
@@ -266,8 +276,11 @@ impl Monitor {
 
     /// Records a finished pass; returns the failure count before it (to detect
     /// transitions).
-    pub(crate) fn record_pass(&self, result: Result<(), String>) -> u32 {
+    pub(crate) fn record_pass(&self, result: Result<(), String>, took: Option<Duration>) -> u32 {
         self.metrics.passes.inc();
+        if let Some(took) = took {
+            self.metrics.last_pass_seconds.set(took.as_secs_f64());
+        }
         let now = Utc::now();
         if result.is_ok() {
             self.metrics
@@ -277,6 +290,7 @@ impl Monitor {
         self.with(|st| {
             let before = st.consecutive_failures;
             st.last_run_at = Some(now);
+            st.last_pass_ms = took.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
             match result {
                 Ok(()) => {
                     st.last_error = None;
@@ -305,7 +319,7 @@ mod tests {
         m.count_write();
         m.count_conflicts(2);
         m.count_error(ErrorKind::Watch);
-        m.record_pass(Ok(()));
+        m.record_pass(Ok(()), Some(Duration::from_millis(7)));
         m.set_nodes(&BTreeMap::from([
             (NodeState::Ok, 3),
             (NodeState::Colliding, 1),
@@ -329,6 +343,7 @@ mod tests {
         let st = m.status();
         assert!(st.last_success_at.is_some());
         assert_eq!(st.nodes[&NodeState::Ok], 3);
+        assert_eq!(st.last_pass_ms, Some(7));
         let json = serde_json::to_value(&st).unwrap();
         assert_eq!(json["nodes"]["colliding"], 1);
     }
@@ -336,15 +351,15 @@ mod tests {
     #[test]
     fn failures_count_up_and_a_success_clears_them() {
         let m = Monitor::new();
-        assert_eq!(m.record_pass(Err("a".into())), 0);
-        assert_eq!(m.record_pass(Err("b".into())), 1);
+        assert_eq!(m.record_pass(Err("a".into()), None), 0);
+        assert_eq!(m.record_pass(Err("b".into()), None), 1);
         let st = m.status();
         assert_eq!(
             (st.consecutive_failures, st.last_error.as_deref()),
             (2, Some("b"))
         );
         assert_eq!(st.last_success_at, None);
-        assert_eq!(m.record_pass(Ok(())), 2);
+        assert_eq!(m.record_pass(Ok(()), None), 2);
         assert_eq!(m.status().consecutive_failures, 0);
     }
 }
