@@ -598,7 +598,7 @@ impl Reconciler {
             }
             None => (None, None),
         };
-        let (store, writer) = reflector::store::<Node>();
+        let (mut store, writer) = reflector::store::<Node>();
         let mut watch = self.watch(writer);
         let mut ticker = tokio::time::interval(self.interval.max(Duration::from_millis(10)));
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -682,7 +682,9 @@ impl Reconciler {
                         // The watcher restarts watches itself and is not expected to end;
                         // if it does, start a new one rather than go deaf.
                         warn!("node watch ended; starting a new one");
-                        let (_, writer) = reflector::store::<Node>();
+                        let (fresh, writer) = reflector::store::<Node>();
+                        store = fresh;
+                        ready = false;
                         watch = self.watch(writer);
                     }
                 },
