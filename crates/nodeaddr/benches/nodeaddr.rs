@@ -212,7 +212,10 @@ async fn main() -> anyhow::Result<()> {
 
     // run(): undo the patches, then start the daemon loop on an unpatched cluster.
     unpatch_all(&api).await?;
-    let mut rr = r.clone();
+    // A new reconciler: its own monitor, nothing recorded yet.
+    let mut rr = Reconciler::new(server.client());
+    rr.tunnel = Tunnel::Ssh;
+    rr.reporter = None;
     rr.interval = STEADY_INTERVAL;
     let monitor = rr.monitor();
     server.clear_requests();

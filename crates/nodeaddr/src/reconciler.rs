@@ -2,7 +2,7 @@
 //! store (pure), a write per node that differs; the loop that drives passes from Node
 //! events and a resync ticker; `once` (list, plan, write) for one-shot use.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Resource as _;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::store::Writer};
 use serde::Serialize;
@@ -26,7 +26,7 @@ use crate::plan::{
     PlannedNode, SkipReason, StatusChange, Tunnel, apply_change, first_external_ip,
     observed_kubelet_port, plan, unroute_status, wanted_status,
 };
-use crate::routing::is_virtual_node;
+use crate::routing::{is_virtual_node, routing_name};
 use crate::status::{ErrorKind, Monitor, NodeState};
 
 /// Default resync interval of [`Reconciler::run`].
@@ -302,6 +302,54 @@ enum WriteOutcome {
 /// version means "echo not here yet"; any other version means the store moved on.
 type Overlay = HashMap<String, (Option<String>, Arc<Node>)>;
 
+/// What `run` keeps between passes: the watch's store, the writes whose echo is due, the
+/// last plan, and what changed since.
+struct View {
+    store: Store<Node>,
+    overlay: Overlay,
+    cache: Option<PlanCache>,
+    /// Nodes with watch events since the last pass.
+    dirty: HashSet<String>,
+    /// Plan the whole store next time (start, re-list, resync, a deleted node, leadership).
+    full: bool,
+}
+
+/// The rows of the last full plan, by node name.
+struct PlanCache {
+    rows: Vec<PlannedNode>,
+    index: HashMap<String, usize>,
+}
+
+impl PlanCache {
+    fn new(rows: Vec<PlannedNode>) -> PlanCache {
+        let index = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.node_name.clone(), i))
+            .collect();
+        PlanCache { rows, index }
+    }
+}
+
+/// Re-derives the observed fields and the change of a planned row from the node as it is
+/// now, keeping its assignment.
+fn refresh_row(row: &mut PlannedNode, node: &Node, port_for: &dyn Fn(&str) -> Option<u16>) {
+    row.observed_external_ip = first_external_ip(node).map(str::to_string);
+    row.observed_kubelet_port = observed_kubelet_port(node);
+    let target = match (
+        row.skipped,
+        row.expected_external_ip,
+        row.expected_kubelet_port,
+    ) {
+        (None, Some(ip), Some(port)) => Some(Target::Route { ip, port }),
+        (Some(SkipReason::Virtual), _, _) => Some(Target::Unroute {
+            derived: port_for(&row.routing_name),
+        }),
+        _ => None,
+    };
+    row.change = target.and_then(|t| t.wanted(node));
+}
+
 /// Where a pass sends what it repaired.
 enum Events<'a> {
     None,
@@ -421,28 +469,42 @@ impl Reconciler {
         nodes: &[Arc<Node>],
         leader: &Leadership,
         overlay: &mut Overlay,
-        mut events: Events<'_>,
+        events: Events<'_>,
     ) -> Result<PassReport, Error> {
         let rows = plan(nodes, &*self.port_for);
         let by_name: HashMap<&str, &Arc<Node>> = nodes
             .iter()
             .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), n))
             .collect();
+        let lookup = |name: &str| by_name.get(name).map(|n| Arc::clone(n));
+        self.write_rows(&rows, 0..rows.len(), &lookup, leader, overlay, events)
+            .await
+    }
+
+    /// Writes the changes of `rows[candidates]` (the nodes found through `lookup`) while
+    /// `leader` says so, and reports the states of all `rows` afterwards.
+    async fn write_rows(
+        &self,
+        rows: &[PlannedNode],
+        candidates: impl Iterator<Item = usize>,
+        lookup: &(dyn Fn(&str) -> Option<Arc<Node>> + Sync),
+        leader: &Leadership,
+        overlay: &mut Overlay,
+        mut events: Events<'_>,
+    ) -> Result<PassReport, Error> {
         let mut report = PassReport {
             nodes: rows.len(),
             ..Default::default()
         };
-        // Per node: (skip reason after probing, patched after the pass).
-        let mut outcome: HashMap<String, (Option<SkipReason>, bool)> = rows
-            .iter()
-            .map(|r| (r.node_name.clone(), (r.skipped, r.change.is_none())))
-            .collect();
+        // Per written or probed node: (skip reason after probing, patched after the pass);
+        // `None` for a node that turned out to be gone.
+        let mut outcome: HashMap<String, Option<(Option<SkipReason>, bool)>> = HashMap::new();
+        let mut befores: HashMap<String, Arc<Node>> = HashMap::new();
 
         let mut jobs = Vec::new();
-        for row in &rows {
-            let (Some(change), Some(node)) =
-                (row.change.clone(), by_name.get(row.node_name.as_str()))
-            else {
+        for i in candidates {
+            let row = &rows[i];
+            let (Some(change), Some(node)) = (row.change.clone(), lookup(&row.node_name)) else {
                 continue;
             };
             let target = match (
@@ -456,7 +518,9 @@ impl Reconciler {
                 },
                 _ => continue,
             };
-            jobs.push((row.node_name.clone(), Node::clone(node), target, change));
+            outcome.insert(row.node_name.clone(), Some((row.skipped, false)));
+            jobs.push((row.node_name.clone(), Node::clone(&node), target, change));
+            befores.insert(row.node_name.clone(), node);
         }
         let api = self.api();
         let require_tunnel = self.require_tunnel;
@@ -489,7 +553,12 @@ impl Reconciler {
         let mut failures: Vec<(String, Error)> = Vec::new();
         let mut attempted = 0;
         for (name, attempt) in results {
-            let entry = outcome.entry(name.clone()).or_insert((None, false));
+            let mut gone = false;
+            let mut entry = outcome
+                .get(&name)
+                .copied()
+                .flatten()
+                .unwrap_or((None, false));
             match attempt {
                 Attempt::TunnelDown => entry.0 = Some(SkipReason::TunnelDown),
                 Attempt::NotLeader => {}
@@ -508,7 +577,7 @@ impl Reconciler {
                             self.monitor.count_conflicts(conflicts);
                             entry.1 = true;
                             let ev =
-                                repair_event(by_name.get(name.as_str()).map(|n| &***n), &change);
+                                repair_event(befores.get(name.as_str()).map(|n| &**n), &change);
                             match &mut events {
                                 Events::None => {}
                                 Events::Queue(tx) => {
@@ -518,33 +587,36 @@ impl Reconciler {
                                 }
                                 Events::Collect(v) => v.push(((*stored).clone(), ev)),
                             }
-                            overlay.insert(name, (base_rv, Arc::new(*stored)));
+                            overlay.insert(name.clone(), (base_rv, Arc::new(*stored)));
                         }
                         Ok(WriteOutcome::AlreadyDone { conflicts }) => {
                             report.conflicts += conflicts;
                             self.monitor.count_conflicts(conflicts);
                             entry.1 = true;
                         }
-                        Ok(WriteOutcome::Gone) => {
-                            outcome.remove(&name);
-                        }
+                        Ok(WriteOutcome::Gone) => gone = true,
                         Err(e) => {
                             if let Error::Conflict { attempts, .. } = e {
                                 self.monitor.count_conflicts(attempts as usize);
                                 report.conflicts += attempts as usize;
                             }
                             self.monitor.count_error(e.kind());
-                            failures.push((name, e));
+                            failures.push((name.clone(), e));
                         }
                     }
                 }
             }
+            outcome.insert(name, (!gone).then_some(entry));
         }
 
-        for row in &rows {
-            let Some((skipped, patched)) = outcome.get(&row.node_name) else {
-                continue;
+        let mut counted = 0;
+        for row in rows {
+            let (skipped, patched) = match outcome.get(&row.node_name) {
+                Some(Some(o)) => *o,
+                Some(None) => continue,
+                None => (row.skipped, row.change.is_none()),
             };
+            counted += 1;
             let colliding = !row.collides_with(self.tunnel).is_empty();
             if skipped.is_some() {
                 report.skipped += 1;
@@ -553,10 +625,10 @@ impl Reconciler {
             }
             *report
                 .states
-                .entry(state_of(*skipped, *patched, colliding))
+                .entry(state_of(skipped, patched, colliding))
                 .or_default() += 1;
         }
-        report.nodes = outcome.len();
+        report.nodes = counted;
 
         if failures.is_empty() {
             return Ok(report);
@@ -598,11 +670,17 @@ impl Reconciler {
             }
             None => (None, None),
         };
-        let (mut store, writer) = reflector::store::<Node>();
+        let (store, writer) = reflector::store::<Node>();
+        let mut view = View {
+            store,
+            overlay: Overlay::new(),
+            cache: None,
+            dirty: HashSet::new(),
+            full: true,
+        };
         let mut watch = self.watch(writer);
         let mut ticker = tokio::time::interval(self.interval.max(Duration::from_millis(10)));
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut overlay = Overlay::new();
         let mut pending: Option<Instant> = None;
         let mut ready = false;
         let mut lists = 0u64;
@@ -619,6 +697,7 @@ impl Reconciler {
                         self.monitor.set_leader(now_leader);
                         if now_leader {
                             info!("holding the reconciler lease: writing");
+                            view.full = true;
                             pending = Some(Instant::now());
                         } else {
                             info!("lost the reconciler lease: standing by, not writing");
@@ -628,12 +707,13 @@ impl Reconciler {
                 },
                 _ = tokio::time::sleep_until(deadline), if pending.is_some() && ready => {
                     pending = None;
-                    self.pass(&store, &leader, &mut overlay, events_tx.as_ref(), "watch").await;
+                    self.pass(&mut view, &leader, events_tx.as_ref(), "watch").await;
                 }
                 _ = ticker.tick() => {
                     if ready {
                         pending = None;
-                        self.pass(&store, &leader, &mut overlay, events_tx.as_ref(), "resync").await;
+                        view.full = true;
+                        self.pass(&mut view, &leader, events_tx.as_ref(), "resync").await;
                     }
                 }
                 ev = watch.next() => match ev {
@@ -655,10 +735,16 @@ impl Reconciler {
                             // store now holds all of it, and one pass covers it.
                             Event::InitDone => {
                                 ready = true;
+                                view.full = true;
                                 pending = Some(Instant::now());
                             }
                             Event::Apply(n) | Event::Delete(n) => {
-                                debug!(node = n.metadata.name.as_deref().unwrap_or_default(), "node event");
+                                let name = n.metadata.name.clone().unwrap_or_default();
+                                debug!(node = %name, "node event");
+                                if matches!(ev, Event::Delete(_)) {
+                                    view.full = true;
+                                }
+                                view.dirty.insert(name);
                                 if pending.is_none() {
                                     pending = Some(Instant::now() + self.debounce);
                                 }
@@ -683,7 +769,9 @@ impl Reconciler {
                         // if it does, start a new one rather than go deaf.
                         warn!("node watch ended; starting a new one");
                         let (fresh, writer) = reflector::store::<Node>();
-                        store = fresh;
+                        view.store = fresh;
+                        view.cache = None;
+                        view.full = true;
                         ready = false;
                         watch = self.watch(writer);
                     }
@@ -710,25 +798,85 @@ impl Reconciler {
         .boxed()
     }
 
+    /// One pass of `run`. With a plan cached from an earlier pass and only nodes whose
+    /// routing identity is unchanged in `view.dirty`, it re-plans just those nodes: the
+    /// loopback assignment depends only on the set of routed nodes, so a status change of
+    /// one node (a kubelet write, the echo of ours) cannot move another node's address.
+    /// Anything else (a resync, a new or deleted node, a label or annotation change that
+    /// changes a route) plans the whole store.
     async fn pass(
         &self,
-        store: &Store<Node>,
+        view: &mut View,
         leader: &Leadership,
-        overlay: &mut Overlay,
         events: Option<&mpsc::Sender<(Node, KubeEvent)>>,
         trigger: &'static str,
     ) {
         let started = Instant::now();
-        let nodes = with_overlay(store.state(), overlay);
-        let span = info_span!("nodeaddr_pass", trigger, nodes = nodes.len());
         let events = match events {
             Some(tx) => Events::Queue(tx),
             None => Events::None,
         };
-        let result = self
-            .pass_over(&nodes, leader, overlay, events)
-            .instrument(span)
-            .await;
+        let dirty = std::mem::take(&mut view.dirty);
+        let full = std::mem::take(&mut view.full);
+        let incremental = if full {
+            None
+        } else {
+            self.refresh(view, &dirty)
+        };
+        let result = match incremental {
+            Some(fresh) => {
+                let span = info_span!("nodeaddr_pass", trigger, nodes = fresh.len());
+                let cache = view.cache.as_ref().map(|c| &c.rows[..]).unwrap_or_default();
+                let index = &view.cache.as_ref().map(|c| &c.index);
+                let candidates: Vec<usize> = fresh
+                    .keys()
+                    .filter_map(|n| index.and_then(|i| i.get(n).copied()))
+                    .collect();
+                let lookup = |name: &str| fresh.get(name).cloned();
+                self.write_rows(
+                    cache,
+                    candidates.into_iter(),
+                    &lookup,
+                    leader,
+                    &mut view.overlay,
+                    events,
+                )
+                .instrument(span)
+                .await
+            }
+            None => {
+                let nodes = with_overlay(view.store.state(), &mut view.overlay);
+                let span = info_span!("nodeaddr_pass", trigger, nodes = nodes.len());
+                let rows = plan(&nodes, &*self.port_for);
+                let by_name: HashMap<&str, &Arc<Node>> = nodes
+                    .iter()
+                    .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), n))
+                    .collect();
+                let lookup = |name: &str| by_name.get(name).map(|n| Arc::clone(n));
+                let r = self
+                    .write_rows(
+                        &rows,
+                        0..rows.len(),
+                        &lookup,
+                        leader,
+                        &mut view.overlay,
+                        events,
+                    )
+                    .instrument(span)
+                    .await;
+                view.cache = Some(PlanCache::new(rows));
+                r
+            }
+        };
+        // Rows of nodes just written describe them as they were: bring them up to date
+        // from what the writes stored.
+        if let Some(cache) = &mut view.cache {
+            for (name, (_, stored)) in &view.overlay {
+                if let Some(&i) = cache.index.get(name) {
+                    refresh_row(&mut cache.rows[i], stored, &*self.port_for);
+                }
+            }
+        }
         let took = Some(started.elapsed());
         match &result {
             Ok(report) => self.record(Ok(()), Some(report), took),
@@ -740,6 +888,41 @@ impl Reconciler {
                 self.record(Err(e), report, took)
             }
         }
+    }
+
+    /// Refreshes the cached rows of `dirty` nodes from the store; `None` when the cache
+    /// cannot serve (no cache, a node new, gone, or routed differently): plan everything.
+    fn refresh(
+        &self,
+        view: &mut View,
+        dirty: &HashSet<String>,
+    ) -> Option<HashMap<String, Arc<Node>>> {
+        let cache = view.cache.as_mut()?;
+        let mut fresh = HashMap::with_capacity(dirty.len());
+        for name in dirty {
+            let node = view.store.get(&ObjectRef::new(name))?;
+            let &i = cache.index.get(name)?;
+            let row = &mut cache.rows[i];
+            let virtual_now = is_virtual_node(&node);
+            if routing_name(&node) != row.routing_name
+                || virtual_now != (row.skipped == Some(SkipReason::Virtual))
+            {
+                return None;
+            }
+            let node = match view.overlay.get(name) {
+                Some((base_rv, written)) if *base_rv == node.metadata.resource_version => {
+                    written.clone()
+                }
+                Some(_) => {
+                    view.overlay.remove(name);
+                    node
+                }
+                None => node,
+            };
+            refresh_row(row, &node, &*self.port_for);
+            fresh.insert(name.clone(), node);
+        }
+        Some(fresh)
     }
 
     fn record(
