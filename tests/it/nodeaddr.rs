@@ -780,3 +780,165 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+fn spawn_reconciler(stratum: &Path, kubeconfig: &Path, identity: &str, admin_port: u16) -> Reaped {
+    Reaped(
+        Command::new(stratum)
+            .args([
+                "nodes",
+                "reconcile",
+                "--interval",
+                "1s",
+                "--identity",
+                identity,
+            ])
+            .args([
+                "--lease-duration",
+                "4s",
+                "--lease-renew-deadline",
+                "3s",
+                "--lease-retry",
+                "500ms",
+            ])
+            .arg("--admin-listen")
+            .arg(format!("127.0.0.1:{admin_port}"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+async fn admin_status(port: u16) -> Option<serde_json::Value> {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "5"])
+        .arg(format!("http://127.0.0.1:{port}/status"))
+        .output()
+        .await
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_reconciler_writes_and_a_standby_takes_over_from_a_killed_holder() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    require("curl", "curl");
+    let stratum = e2e::binary("stratum-server");
+    let server = ApiServer::start().await.unwrap();
+    let kubeconfig = server.kubeconfig_path().to_path_buf();
+    let nodes: Api<Node> = Api::all(server.client());
+    let names: Vec<String> = (1..=5).map(|i| format!("worker-{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        nodes
+            .create(&PostParams::default(), &kubelet_node(n, i))
+            .await
+            .unwrap();
+    }
+    let ports = [free_port(), free_port()];
+    let mut procs: BTreeMap<&str, Reaped> = BTreeMap::new();
+    procs.insert(
+        "one",
+        spawn_reconciler(&stratum, &kubeconfig, "one", ports[0]),
+    );
+    procs.insert(
+        "two",
+        spawn_reconciler(&stratum, &kubeconfig, "two", ports[1]),
+    );
+    let port_of = |id: &str| if id == "one" { ports[0] } else { ports[1] };
+
+    let patched = |names: Vec<String>| {
+        let nodes = nodes.clone();
+        async move {
+            let Ok(list) = nodes.list(&Default::default()).await else {
+                return false;
+            };
+            list.items.len() == names.len()
+                && list.items.iter().all(|n| {
+                    let name = n.metadata.name.as_deref().unwrap_or_default();
+                    nodeaddr::first_external_ip(n)
+                        == Some(nodeaddr::loopback_candidate(name).to_string().as_str())
+                })
+        }
+    };
+    wait_until("every node patched", Duration::from_secs(60), || {
+        patched(names.clone())
+    })
+    .await;
+
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(server.client(), "kube-system");
+    let holder = || async {
+        leases
+            .get("nodeaddr-reconciler")
+            .await
+            .ok()
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    };
+    let first = holder().await.expect("the lease has a holder");
+    let standby = if first == "one" { "two" } else { "one" };
+    // Exactly one leader, and it is the Lease's holder; the standby wrote nothing.
+    wait_until(
+        "both report their role",
+        Duration::from_secs(30),
+        || async {
+            let a = admin_status(port_of(&first)).await;
+            let b = admin_status(port_of(standby)).await;
+            matches!((a, b), (Some(a), Some(b)) if a["leader"] == true && b["leader"] == false
+            && b["nodes"]["ok"] == 5)
+        },
+    )
+    .await;
+    let metrics = http_get(&format!("http://127.0.0.1:{}/metrics", port_of(standby))).await;
+    assert!(metrics.contains("nodeaddr_writes_total 0"), "{metrics}");
+    assert!(metrics.contains("nodeaddr_lease_leader 0"), "{metrics}");
+
+    // SIGKILL the holder: no release, the standby must wait the Lease out.
+    drop(procs.remove(first.as_str()));
+    wait_until(
+        "the standby took the lease",
+        Duration::from_secs(60),
+        || async {
+            holder().await.as_deref() == Some(standby)
+                && admin_status(port_of(standby))
+                    .await
+                    .is_some_and(|s| s["leader"] == true)
+        },
+    )
+    .await;
+    // It writes now: a kubelet status write is repaired.
+    let victim = &names[0];
+    let mut n = nodes.get(victim).await.unwrap();
+    n.status.as_mut().unwrap().addresses = kubelet_node(victim, 0).status.unwrap().addresses;
+    nodes
+        .replace_status(victim, &PostParams::default(), &n)
+        .await
+        .unwrap();
+    wait_until(
+        "repaired by the new leader",
+        Duration::from_secs(30),
+        || patched(names.clone()),
+    )
+    .await;
+    let metrics = http_get(&format!("http://127.0.0.1:{}/metrics", port_of(standby))).await;
+    assert!(!metrics.contains("nodeaddr_writes_total 0"), "{metrics}");
+    assert!(metrics.contains("nodeaddr_lease_leader 1"), "{metrics}");
+
+    // A clean stop releases the Lease.
+    let mut last = procs.remove(standby).unwrap();
+    let pid = last.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = wait_exit(&mut last.0, Duration::from_secs(15));
+    assert!(status.success(), "reconcile exited with {status}");
+    assert_eq!(holder().await, None, "the lease was released");
+    server.shutdown().await;
+}

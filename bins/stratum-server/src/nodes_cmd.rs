@@ -88,9 +88,21 @@ pub struct ReconcileArgs {
     /// afterwards, 3 when one needs attention, 1 when the API server cannot be asked.
     #[arg(long)]
     pub once: bool,
-    /// This process's identity in the reconciler lease (default: host name and pid).
+    /// This process's identity in the reconciler Lease kube-system/nodeaddr-reconciler
+    /// (default: host name and pid).
     #[arg(long, value_name = "ID")]
     pub identity: Option<String>,
+    /// How long a standby waits, after the last change of the Lease it saw, before it
+    /// takes over.
+    #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_duration: Duration,
+    /// How long after its last successful renewal the holder still writes (shorter than
+    /// --lease-duration, so it stops before a standby can start).
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_renew_deadline: Duration,
+    /// How often to try to acquire or renew the Lease (shorter than the renew deadline).
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_retry: Duration,
 }
 
 /// Output format of `nodes diagnostics`.
@@ -181,8 +193,39 @@ async fn reconcile(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     if args.once {
         return Ok(once(&r).await);
     }
+    let lease = daemon::LeaseConfig::new(nodeaddr::LEASE_NAMESPACE, nodeaddr::LEASE_NAME, identity)
+        .with_timings(
+            args.lease_duration,
+            args.lease_renew_deadline,
+            args.lease_retry,
+        );
+    let election = daemon::LeaderElection::new(r.client.clone(), lease)
+        .context("invalid --lease-duration/--lease-renew-deadline/--lease-retry")?;
+    // Bind before any work, so a taken port fails the start, not a later scrape.
+    let admin_addr = args.admin_listen.to_string();
+    let listener = daemon::AdminServer::bind(&admin_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!(nodeaddr::error_chain(&e)))?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let monitor = r.monitor();
+    monitor.register(&mut registry);
+    election.register_metrics(registry.sub_registry_with_prefix("nodeaddr"));
+    let admin = daemon::AdminServer::new(registry).with_status(move || {
+        serde_json::to_value(monitor.status()).unwrap_or(serde_json::Value::Null)
+    });
+
     let cancel = cmdline::shutdown_token();
-    r.run(cancel.clone(), nodeaddr::always_leader()).await;
+    let (leader, election_task) = election.spawn(cancel.clone());
+    let admin_task = tokio::spawn(admin.serve(listener, cancel.clone()));
+    r.run(cancel.clone(), leader).await;
+    // The election releases the Lease on the way out, so a standby need not wait it out.
+    cancel.cancel();
+    election_task
+        .await
+        .context("the lease election task panicked")?;
+    admin_task
+        .await
+        .context("the admin listener task panicked")?;
     Ok(ExitCode::SUCCESS)
 }
 

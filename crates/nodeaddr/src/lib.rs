@@ -62,8 +62,9 @@ pub use plan::{
     observed_kubelet_port, plan, unroute_status, wanted_status,
 };
 pub use reconciler::{
-    DEBOUNCE, DEFAULT_INTERVAL, EVENT_CONTROLLER, Error, Leadership, NodeAddressDiagnostic,
-    PassReport, Reconciler, TUNNEL_PROBE_TIMEOUT, always_leader, error_chain, tunnel_answers,
+    DEBOUNCE, DEFAULT_INTERVAL, EVENT_CONTROLLER, Error, LEASE_NAME, LEASE_NAMESPACE, Leadership,
+    NodeAddressDiagnostic, PassReport, Reconciler, TUNNEL_PROBE_TIMEOUT, always_leader,
+    error_chain, tunnel_answers,
 };
 pub use routing::{
     NODE_ARGS_ANNOTATION, NODE_ENV_ANNOTATION, NODE_NAME_ENV, RUNTIME_LABEL, RUNTIME_VIRTUAL,

@@ -16,7 +16,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::store::Writer};
 use serde::Serialize;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -55,13 +55,20 @@ const EVENT_QUEUE: usize = 1024;
 /// The controller name on the Events the reconciler publishes.
 pub const EVENT_CONTROLLER: &str = "nodeaddr-reconciler";
 
-/// Whether this process may write: `true` while it holds the reconciler lease. A single
-/// reconciler without election passes [`always_leader`].
-pub type Leadership = watch::Receiver<bool>;
+/// Whether this process may write: the handle of its election on the Lease
+/// [`LEASE_NAME`] in [`LEASE_NAMESPACE`] ([`daemon::LeaderElection`]). It answers "leader"
+/// only until the renew deadline after the last successful renewal, which is before any
+/// standby may take over. A reconciler that runs alone passes [`always_leader`].
+pub type Leadership = daemon::LeaderHandle;
 
-/// A [`Leadership`] that is always `true`, for a reconciler that runs alone.
+/// The namespace of the reconciler's Lease.
+pub const LEASE_NAMESPACE: &str = "kube-system";
+/// The name of the reconciler's Lease: one writer per cluster.
+pub const LEASE_NAME: &str = "nodeaddr-reconciler";
+
+/// A [`Leadership`] that is always the leader, for a reconciler that runs alone.
 pub fn always_leader() -> Leadership {
-    watch::channel(true).1
+    daemon::LeaderHandle::always()
 }
 
 /// What failed in a reconcile pass.
@@ -420,7 +427,41 @@ impl Reconciler {
                 })
                 .await;
         }
-        let report = result?;
+        let mut report = result?;
+        if self.require_tunnel {
+            // One-shot: also check the tunnels of the nodes that needed no write, so the
+            // exit code says whether every node is reachable. (`run` probes only the
+            // nodes it writes: a settled cluster costs it no connection.)
+            let rows = plan(&nodes, &*self.port_for);
+            let targets: Vec<(Ipv4Addr, u16, NodeState)> = rows
+                .iter()
+                .filter(|r| r.change.is_none() && r.skipped.is_none())
+                .filter_map(|r| {
+                    let colliding = !r.collides_with(self.tunnel).is_empty();
+                    Some((
+                        r.expected_external_ip?,
+                        r.expected_kubelet_port?,
+                        state_of(None, true, colliding),
+                    ))
+                })
+                .collect();
+            let probed: Vec<Option<NodeState>> = futures::stream::iter(targets)
+                .map(|(ip, port, state)| async move {
+                    (!tunnel_answers(ip, port).await).then_some(state)
+                })
+                .buffer_unordered(64)
+                .collect()
+                .await;
+            let down = probed.into_iter().flatten();
+            for was in down {
+                if let Some(n) = report.states.get_mut(&was) {
+                    *n = n.saturating_sub(1);
+                }
+                *report.states.entry(NodeState::TunnelDown).or_default() += 1;
+                report.skipped += 1;
+            }
+            report.states.retain(|_, n| *n > 0);
+        }
         self.monitor.set_nodes(&report.states);
         Ok(report)
     }
@@ -538,7 +579,7 @@ impl Reconciler {
                     }
                     // Checked per write, not per pass: a holder that loses the lease
                     // mid-pass stops at the next node.
-                    if !*leader.borrow() {
+                    if !leader.is_leader() {
                         return (name, Attempt::NotLeader);
                     }
                     let r = write_node(&api, node, target, change.clone()).await;
@@ -656,7 +697,8 @@ impl Reconciler {
     /// cannot flood the log. The same facts are in [`Reconciler::monitor`].
     pub async fn run(&self, cancel: CancellationToken, mut leader: Leadership) {
         self.monitor.mark_started();
-        self.monitor.set_leader(*leader.borrow());
+        let mut was_leader = leader.is_leader();
+        self.monitor.set_leader(was_leader);
         info!(
             interval = ?self.interval,
             "node address reconciler started: watching Nodes, resync every {:?}",
@@ -691,19 +733,18 @@ impl Reconciler {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break,
-                changed = leader.changed(), if leader_open => match changed {
-                    Ok(()) => {
-                        let now_leader = *leader.borrow_and_update();
-                        self.monitor.set_leader(now_leader);
-                        if now_leader {
-                            info!("holding the reconciler lease: writing");
-                            view.full = true;
-                            pending = Some(Instant::now());
-                        } else {
-                            info!("lost the reconciler lease: standing by, not writing");
-                        }
+                open = leader.changed(), if leader_open => {
+                    leader_open = open;
+                    let now_leader = leader.is_leader();
+                    self.monitor.set_leader(now_leader);
+                    if now_leader && !was_leader {
+                        info!("holding the reconciler lease: writing");
+                        view.full = true;
+                        pending = Some(Instant::now());
+                    } else if !now_leader && was_leader {
+                        info!("not holding the reconciler lease: standing by, not writing");
                     }
-                    Err(_) => leader_open = false,
+                    was_leader = now_leader;
                 },
                 _ = tokio::time::sleep_until(deadline), if pending.is_some() && ready => {
                     pending = None;
@@ -812,6 +853,7 @@ impl Reconciler {
         trigger: &'static str,
     ) {
         let started = Instant::now();
+        self.monitor.set_leader(leader.is_leader());
         let events = match events {
             Some(tx) => Events::Queue(tx),
             None => Events::None,

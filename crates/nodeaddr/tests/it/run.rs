@@ -472,59 +472,102 @@ async fn require_tunnel_leaves_a_node_whose_tunnel_is_down() {
     server.shutdown().await;
 }
 
+/// A reconciler with its own election on the reconciler Lease, short timings.
+fn elected(
+    server: &ApiServer,
+    identity: &str,
+) -> (
+    Reconciler,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let mut r = Reconciler::new(server.client());
+    r.interval = Duration::from_millis(200);
+    let config =
+        daemon::LeaseConfig::new(nodeaddr::LEASE_NAMESPACE, nodeaddr::LEASE_NAME, identity)
+            .with_timings(
+                Duration::from_secs(3),
+                Duration::from_secs(2),
+                Duration::from_millis(500),
+            );
+    let election = daemon::LeaderElection::new(server.client(), config).unwrap();
+    let stop = CancellationToken::new();
+    let (handle, election_task) = election.spawn(stop.clone());
+    let task = tokio::spawn({
+        let r = r.clone();
+        let stop = stop.clone();
+        async move { r.run(stop, handle).await }
+    });
+    (r, stop, election_task, task)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_the_leader_writes() {
+async fn only_the_lease_holder_writes_and_a_standby_takes_over() {
     install_crypto();
     let server = ApiServer::start().await.unwrap();
     let api: Api<Node> = Api::all(server.client());
     create_nodes(&api, (1..=3).map(|i| kubelet_node(&format!("w{i}"), i))).await;
-    let mut r = Reconciler::new(server.client());
-    r.interval = Duration::from_millis(100);
-    server.clear_requests();
-    let (lead_tx, lead_rx) = tokio::sync::watch::channel(false);
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn({
-        let r = r.clone();
-        let cancel = cancel.clone();
-        async move { r.run(cancel, lead_rx).await }
-    });
-    // A standby plans (its counters say what it sees) but writes nothing.
+    let (one, stop_one, election_one, task_one) = elected(&server, "one");
+    let (two, stop_two, election_two, task_two) = elected(&server, "two");
+    eventually("a leader patched every node", REPAIR_TIMEOUT, || {
+        all_patched(&one)
+    })
+    .await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(server.client(), nodeaddr::LEASE_NAMESPACE);
+    let holder = || async {
+        leases
+            .get(nodeaddr::LEASE_NAME)
+            .await
+            .ok()
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    let first = holder().await.expect("the lease has a holder");
+    let (leader, standby, stop_leader, election_leader, task_leader) = if first == "one" {
+        (&one, &two, stop_one, election_one, task_one)
+    } else {
+        (&two, &one, stop_two, election_two, task_two)
+    };
+    // The standby plans (its counters say what it sees) but never wrote.
     eventually(
-        "the standby saw three unpatched nodes",
+        "the standby saw three patched nodes",
         REPAIR_TIMEOUT,
         || async {
-            r.monitor()
+            standby
+                .monitor()
                 .status()
                 .nodes
-                .get(&nodeaddr::NodeState::Unpatched)
+                .get(&nodeaddr::NodeState::Ok)
                 == Some(&3)
         },
     )
     .await;
-    next_pass(&r).await;
-    assert!(node_writes(&server).is_empty());
-    assert!(!r.monitor().status().leader);
+    assert!(leader.monitor().status().leader);
+    assert!(!standby.monitor().status().leader);
+    let mut registry = prometheus_client::registry::Registry::default();
+    standby.monitor().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.contains("nodeaddr_writes_total 0"), "{text}");
 
-    lead_tx.send(true).unwrap();
-    eventually("the leader patched every node", REPAIR_TIMEOUT, || {
-        all_patched(&r)
-    })
+    // The leader stops (its election releases the lease); the standby takes over and
+    // repairs what a kubelet write drops.
+    stop_leader.cancel();
+    election_leader.await.unwrap();
+    task_leader.await.unwrap();
+    eventually(
+        "the standby holds the lease",
+        Duration::from_secs(20),
+        || async { standby.monitor().status().leader },
+    )
     .await;
-    assert!(r.monitor().status().leader);
-
-    lead_tx.send(false).unwrap();
-    eventually("standing by", REPAIR_TIMEOUT, || async {
-        !r.monitor().status().leader
-    })
-    .await;
-    server.clear_requests();
+    assert_ne!(holder().await.as_deref(), Some(first.as_str()));
     kubelet_status_write(&api, "w1", 1).await;
-    next_pass(&r).await;
-    next_pass(&r).await;
-    assert_eq!(external_ip(&api, "w1").await, None, "a standby repaired w1");
-    assert_eq!(node_writes(&server).len(), 1, "only the kubelet's write");
-
-    cancel.cancel();
-    task.await.unwrap();
+    let want = loopback_candidate("w1").to_string();
+    eventually("w1 repaired by the new leader", REPAIR_TIMEOUT, || async {
+        external_ip(&api, "w1").await.as_deref() == Some(want.as_str())
+    })
+    .await;
     server.shutdown().await;
 }
