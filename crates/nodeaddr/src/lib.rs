@@ -40,8 +40,8 @@
 //! `1 - prod(1 - i/10000, i < n)`, about 10% at 47 nodes and 50% at 118.
 //! [`Reconciler::run`] watches Nodes into a reflector store and plans from it: after
 //! start it lists nothing (the watcher re-lists only after a watch failure), and it writes
-//! one status per node that differs, only while it holds the reconciler lease
-//! ([`Leadership`]). Its liveness and counters live in its [`Monitor`], which the daemon
+//! one status per node that differs, only while it holds the Lease
+//! `kube-system/nodeaddr-reconciler` ([`Leadership`], the `daemon` crate's election). Its liveness and counters live in its [`Monitor`], which the daemon
 //! serves on its admin listener (`/status`, `/metrics`).
 //!
 //! Operations: `docs/nodeaddr.md`.
