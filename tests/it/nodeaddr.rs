@@ -733,19 +733,35 @@ async fn kubectl_logs_reach_every_kubelet_through_its_ssh_tunnel() {
     let _ = std::fs::remove_file(&kept);
 }
 
-/// GET over plain HTTP on loopback, the body as text.
+/// GET over plain HTTP/1.0 on loopback (the admin listener), the body as text; panics on
+/// a connection failure or a non-200 answer.
 async fn http_get(url: &str) -> String {
-    let out = tokio::process::Command::new("curl")
-        .args(["-sS", "--max-time", "10", url])
-        .output()
-        .await
-        .expect("curl runs (apt-get install curl)");
-    assert!(
-        out.status.success(),
-        "{url}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    match try_http_get(url).await {
+        Ok(body) => body,
+        Err(e) => panic!("GET {url}: {e:#}"),
+    }
+}
+
+async fn try_http_get(url: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let rest = url.strip_prefix("http://").context("an http:// URL")?;
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut stream = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect(authority),
+    )
+    .await??;
+    stream
+        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {authority}\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw)).await??;
+    let text = String::from_utf8(raw)?;
+    let (head, body) = text.split_once("\r\n\r\n").context("no end of headers")?;
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        bail!("answered {}", head.lines().next().unwrap_or_default());
+    }
+    Ok(body.to_string())
 }
 
 fn tempfile_path(name: &str) -> PathBuf {
@@ -813,19 +829,15 @@ fn spawn_reconciler(stratum: &Path, kubeconfig: &Path, identity: &str, admin_por
 }
 
 async fn admin_status(port: u16) -> Option<serde_json::Value> {
-    let out = tokio::process::Command::new("curl")
-        .args(["-sS", "--max-time", "5"])
-        .arg(format!("http://127.0.0.1:{port}/status"))
-        .output()
+    let body = try_http_get(&format!("http://127.0.0.1:{port}/status"))
         .await
         .ok()?;
-    serde_json::from_slice(&out.stdout).ok()
+    serde_json::from_str(&body).ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_reconciler_writes_and_a_standby_takes_over_from_a_killed_holder() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    require("curl", "curl");
     let stratum = e2e::binary("stratum-server");
     let server = ApiServer::start().await.unwrap();
     let kubeconfig = server.kubeconfig_path().to_path_buf();
