@@ -748,13 +748,13 @@ impl Reconciler {
                 },
                 _ = tokio::time::sleep_until(deadline), if pending.is_some() && ready => {
                     pending = None;
-                    self.pass(&mut view, &leader, events_tx.as_ref(), "watch").await;
+                    was_leader = self.pass(&mut view, &leader, events_tx.as_ref(), "watch").await;
                 }
                 _ = ticker.tick() => {
                     if ready {
                         pending = None;
                         view.full = true;
-                        self.pass(&mut view, &leader, events_tx.as_ref(), "resync").await;
+                        was_leader = self.pass(&mut view, &leader, events_tx.as_ref(), "resync").await;
                     }
                 }
                 ev = watch.next() => match ev {
@@ -851,9 +851,13 @@ impl Reconciler {
         leader: &Leadership,
         events: Option<&mpsc::Sender<(Node, KubeEvent)>>,
         trigger: &'static str,
-    ) {
+    ) -> bool {
         let started = Instant::now();
-        self.monitor.set_leader(leader.is_leader());
+        // Leadership can lapse without a notification (renewals failing until the renew
+        // deadline passes); what this pass saw is what the caller compares the next
+        // notification with, so a regained lease always gets a full pass.
+        let is_leader = leader.is_leader();
+        self.monitor.set_leader(is_leader);
         let events = match events {
             Some(tx) => Events::Queue(tx),
             None => Events::None,
@@ -930,6 +934,7 @@ impl Reconciler {
                 self.record(Err(e), report, took)
             }
         }
+        is_leader
     }
 
     /// Refreshes the cached rows of `dirty` nodes from the store; `None` when the cache
