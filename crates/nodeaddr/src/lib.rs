@@ -31,9 +31,15 @@
 //!   reconciler only writes what differs, with the resourceVersion it read, so a pass over
 //!   unchanged Nodes writes nothing.
 //!
+//! A worker behind `ssh -R` binds its node's loopback address on the control-plane host;
+//! [`bind_address`] finds the one the reconciler assigns (the ExternalIP published on the
+//! worker's own Node, or the reconciler's plan before it is published), so no two nodes
+//! can share an (address, port) pair. [`Tunnel`] says which collisions break a node.
+//!
 //! Under k3s `--with-node-id` the registered name carries a random suffix the worker does
-//! not know; [`routing_name`] recovers the configured `--node-name` from the
-//! `k3s.io/node-args` annotation when it is structurally consistent with the name.
+//! not know; [`routing_name`] recovers the configured name from the `k3s.io/node-args`
+//! (`--node-name`) or `k3s.io/node-env` (`K3S_NODE_NAME`) annotation when it is
+//! structurally consistent with the registered name.
 //!
 //! [`Reconciler::diagnostics`] reports per node what is expected and observed, and flags
 //! port collisions: with 10,000 slots two of n names share a port with probability
