@@ -159,14 +159,17 @@ async fn kubectl_logs_all(kubeconfig: &Path, pods: &[String]) -> Vec<LogResult> 
     out
 }
 
+/// Waits for a listener (sshd, or a forward an ssh session opened) with a deadline generous
+/// enough for 20 ssh logins on a loaded 2-core machine.
 async fn wait_listening(addr: SocketAddr) {
-    for _ in 0..200 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    panic!("tunnel listener {addr} did not come up");
+    panic!("listener {addr} did not come up within 60 s");
 }
 
 /// Two names, in the style of the others, that derive the same kubelet port.
