@@ -43,7 +43,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Health(args) => health_cmd::run(args).await,
             Command::KubeletPort(args) => tunnel_cmd::kubelet_port(args),
-            Command::TunnelConfig(args) => tunnel_cmd::tunnel_config(args),
+            Command::TunnelConfig(args) => tunnel_cmd::tunnel_config(args).await,
             Command::Node(cmd) => node_cmd::run(cmd).await,
         }
     })

@@ -64,12 +64,24 @@ pub struct TunnelConfigArgs {
     /// ssh only: the login on the control-plane host.
     #[arg(long, default_value = "outpost", value_name = "USER")]
     pub ssh_user: String,
-    /// ssh only: the address the forwarded port binds on the control-plane host. Defaults
-    /// to this node's loopback address as the reconciler derives it (correct unless two
-    /// nodes' addresses collide; `stratum-server nodes diagnostics` shows the address the
-    /// reconciler expects). Needs `GatewayPorts clientspecified` in sshd_config.
+    /// ssh only: the address the forwarded port binds on the control-plane host. Default:
+    /// with --kubeconfig, the address the reconciler assigns this node (the ExternalIP it
+    /// published on the node, or the one it will publish); without, the first candidate
+    /// derived from the name (wrong when another node's name hashes to the same address).
+    /// Needs `GatewayPorts clientspecified` in sshd_config.
     #[arg(long, value_name = "ADDR")]
     pub remote_bind: Option<Ipv4Addr>,
+    /// ssh only: the private key to log in with (rendered as `-i FILE -o IdentitiesOnly=yes`).
+    #[arg(long, value_name = "FILE")]
+    pub identity_file: Option<std::path::PathBuf>,
+    /// ssh only: a known_hosts file pinning the control-plane host's key (rendered as
+    /// `-o UserKnownHostsFile=FILE -o StrictHostKeyChecking=yes`).
+    #[arg(long, value_name = "FILE")]
+    pub known_hosts: Option<std::path::PathBuf>,
+    /// ssh only: read the Nodes with this kubeconfig to bind exactly the address the
+    /// reconciler assigns this node (one list of Nodes, no writes).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub range: RangeArgs,
 }
@@ -80,21 +92,68 @@ pub fn kubelet_port(args: KubeletPortArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn tunnel_config(args: TunnelConfigArgs) -> anyhow::Result<ExitCode> {
+pub async fn tunnel_config(args: TunnelConfigArgs) -> anyhow::Result<ExitCode> {
     check_name(&args.node_name)?;
-    let port = args.range.range()?.port_for(&args.node_name);
+    let range = args.range.range()?;
+    let port = range.port_for(&args.node_name);
     let (host, server_port) = split_host_port(&args.server)?;
     let text = match args.format {
         Format::Frpc => frpc_toml(&args.node_name, &host, server_port, port),
         Format::Ssh => {
-            let bind = args
-                .remote_bind
-                .unwrap_or_else(|| nodeaddr::loopback_candidate(&args.node_name));
-            ssh_command(&args.ssh_user, &host, server_port, bind, port)
+            let bind = match (args.remote_bind, &args.kubeconfig) {
+                (Some(ip), _) => ip,
+                (None, Some(path)) => {
+                    let client = client(path).await?;
+                    let found = nodeaddr::bind_address(client, &args.node_name, range)
+                        .await
+                        .map_err(|e| anyhow::anyhow!(nodeaddr::error_chain(&e)))?;
+                    let how = match found.source {
+                        nodeaddr::BindSource::Published => {
+                            "published on the node by the reconciler"
+                        }
+                        nodeaddr::BindSource::Planned => {
+                            "assigned by the reconciler's plan; not published on the node yet"
+                        }
+                        nodeaddr::BindSource::Candidate => "derived from the name",
+                    };
+                    eprintln!("# binding {} ({how})", found.address);
+                    found.address
+                }
+                (None, None) => {
+                    let ip = nodeaddr::loopback_candidate(&args.node_name);
+                    eprintln!(
+                        "# binding {ip}, the first candidate for this name; pass --kubeconfig \
+                         to bind exactly the address the reconciler assigns"
+                    );
+                    ip
+                }
+            };
+            let mut options = Vec::new();
+            if let Some(key) = &args.identity_file {
+                options.push(format!("-i {}", shell_quote(&key.to_string_lossy())));
+                options.push("-o IdentitiesOnly=yes".to_string());
+            }
+            if let Some(known) = &args.known_hosts {
+                options.push(format!(
+                    "-o {}",
+                    shell_quote(&format!("UserKnownHostsFile={}", known.to_string_lossy()))
+                ));
+                options.push("-o StrictHostKeyChecking=yes".to_string());
+            }
+            ssh_command(&args.ssh_user, &host, server_port, bind, port, &options)
         }
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
+}
+
+async fn client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(path)
+        .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .with_context(|| format!("cannot use kubeconfig {}", path.display()))?;
+    kube::Client::try_from(config).context("cannot build the Kubernetes client")
 }
 
 fn check_name(name: &str) -> anyhow::Result<()> {
@@ -185,11 +244,24 @@ fn shell_quote(s: &str) -> String {
 
 /// `ssh -N -R`: the forwarded port binds the node's loopback address on the control-plane
 /// host (a socket on 127.0.0.1 does not answer 127.a.b.c). ExitOnForwardFailure makes a
-/// port collision fail loudly instead of leaving a session that forwards nothing.
-fn ssh_command(user: &str, host: &str, ssh_port: u16, bind: Ipv4Addr, port: u16) -> String {
+/// forward that cannot bind fail loudly instead of leaving a session that forwards
+/// nothing; BatchMode makes a missing key or host key fail instead of prompting.
+fn ssh_command(
+    user: &str,
+    host: &str,
+    ssh_port: u16,
+    bind: Ipv4Addr,
+    port: u16,
+    options: &[String],
+) -> String {
+    let mut extra = String::new();
+    for o in options {
+        extra.push_str(o);
+        extra.push(' ');
+    }
     format!(
-        "ssh -N -o ExitOnForwardFailure=yes -o ServerAliveInterval=15 -o ServerAliveCountMax=3 \
-         -R {bind}:{port}:127.0.0.1:{port} -p {ssh_port} {dest}\n",
+        "ssh -N -o BatchMode=yes -o ExitOnForwardFailure=yes -o ServerAliveInterval=15 \
+         -o ServerAliveCountMax=3 {extra}-R {bind}:{port}:127.0.0.1:{port} -p {ssh_port} {dest}\n",
         dest = shell_quote(&format!("{user}@{host}")),
     )
 }
@@ -231,9 +303,18 @@ mod tests {
 
     #[test]
     fn ssh_binds_the_node_loopback() {
-        let cmd = ssh_command("outpost", "cp", 22, Ipv4Addr::new(127, 3, 4, 5), 21149);
-        assert!(cmd.starts_with("ssh -N -o ExitOnForwardFailure=yes"));
+        let cmd = ssh_command("outpost", "cp", 22, Ipv4Addr::new(127, 3, 4, 5), 21149, &[]);
+        assert!(cmd.starts_with("ssh -N -o BatchMode=yes -o ExitOnForwardFailure=yes"));
         assert!(cmd.contains(" -R 127.3.4.5:21149:127.0.0.1:21149 -p 22 outpost@cp\n"));
+        let cmd = ssh_command(
+            "outpost",
+            "cp",
+            22,
+            Ipv4Addr::new(127, 3, 4, 5),
+            21149,
+            &["-i /k".into()],
+        );
+        assert!(cmd.contains(" -i /k -R 127.3.4.5:"), "{cmd}");
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), "'it'\\''s'");
     }

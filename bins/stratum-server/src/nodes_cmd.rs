@@ -2,26 +2,51 @@
 //! half of the kubelet tunnel routes (`crates/nodeaddr`, `docs/nodeaddr.md`).
 
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use nodeaddr::{NodeAddressDiagnostic, PortRange, Reconciler, Status};
+use nodeaddr::{
+    NodeAddressDiagnostic, NodeState, PassReport, PortRange, Reconciler, Status, Tunnel,
+};
 
-/// Exit code of `nodes diagnostics` when a node is unpatched or shares its port.
+/// Exit code when a node is unpatched, collides or has its tunnel down.
 pub const EXIT_NEEDS_ATTENTION: u8 = 3;
+
+/// Exit code when the API server (or the admin listener) cannot be asked.
+pub const EXIT_CANNOT_ASK: u8 = 1;
 
 /// `stratum-server nodes` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Keep every Node's ExternalIP and kubelet port pointed at its tunnel, until
-    /// SIGINT/SIGTERM.
+    /// SIGINT/SIGTERM (or one pass with --once).
     Reconcile(ReconcileArgs),
     /// Print each Node's expected and observed address and kubelet port. Exits 0 when all
-    /// routed nodes are patched, 3 when one is unpatched or shares its derived port with
-    /// another, 1 when the API server cannot be asked.
+    /// routed nodes are patched, 3 when one is unpatched, collides for the tunnel in use or
+    /// has its tunnel down, 1 when the API server cannot be asked.
     Diagnostics(DiagnosticsArgs),
+}
+
+/// The tunnel in use on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TunnelArg {
+    /// frpc/frps: every node shares one remote-port space; a shared port breaks a node.
+    Frpc,
+    /// ssh -R: each node binds its own loopback address; only a shared (address, port)
+    /// pair breaks a node.
+    Ssh,
+}
+
+impl From<TunnelArg> for Tunnel {
+    fn from(t: TunnelArg) -> Tunnel {
+        match t {
+            TunnelArg::Frpc => Tunnel::Frpc,
+            TunnelArg::Ssh => Tunnel::Ssh,
+        }
+    }
 }
 
 /// Flags shared by both subcommands.
@@ -37,6 +62,13 @@ pub struct ClusterArgs {
     /// Number of ports in the derived range (must match the workers').
     #[arg(long, default_value_t = PortRange::DEFAULT.slots(), value_name = "N")]
     pub port_slots: u16,
+    /// The tunnel the workers use; decides which collisions break a node.
+    #[arg(long, value_enum, default_value_t = TunnelArg::Frpc)]
+    pub tunnel: TunnelArg,
+    /// Treat a node whose loopback address and port do not accept a TCP connection from
+    /// this host as "tunnel down": the reconciler leaves it as it is.
+    #[arg(long)]
+    pub require_tunnel: bool,
 }
 
 /// Flags of `nodes reconcile`.
@@ -44,13 +76,33 @@ pub struct ClusterArgs {
 pub struct ReconcileArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Resync interval (e.g. 30s, 1m). Node watch events trigger passes in between.
+    /// Resync interval (e.g. 30s, 1m). Node watch events trigger passes in between; a
+    /// resync plans from the watch's store and sends nothing unless a node differs.
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub interval: Duration,
-    /// Write the reconciler's liveness snapshot (JSON) here whenever it changes, so that
-    /// `nodes diagnostics --status-file` can show it.
-    #[arg(long, value_name = "FILE")]
-    pub status_file: Option<PathBuf>,
+    /// Admin listener: /metrics (Prometheus text) and /status (the liveness snapshot as
+    /// JSON). Read it with `nodes diagnostics --admin http://ADDR`.
+    #[arg(long, default_value = "127.0.0.1:9102", value_name = "ADDR")]
+    pub admin_listen: SocketAddr,
+    /// Run one pass (list, plan, write) and exit: 0 when every routed node is right
+    /// afterwards, 3 when one needs attention, 1 when the API server cannot be asked.
+    #[arg(long)]
+    pub once: bool,
+    /// This process's identity in the reconciler Lease kube-system/nodeaddr-reconciler
+    /// (default: host name and pid).
+    #[arg(long, value_name = "ID")]
+    pub identity: Option<String>,
+    /// How long a standby waits, after the last change of the Lease it saw, before it
+    /// takes over.
+    #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_duration: Duration,
+    /// How long after its last successful renewal the holder still writes (shorter than
+    /// --lease-duration, so it stops before a standby can start).
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_renew_deadline: Duration,
+    /// How often to try to acquire or renew the Lease (shorter than the renew deadline).
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lease_retry: Duration,
 }
 
 /// Output format of `nodes diagnostics`.
@@ -70,9 +122,10 @@ pub struct DiagnosticsArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
-    /// A liveness snapshot written by `nodes reconcile --status-file`, shown with the rows.
-    #[arg(long, value_name = "FILE")]
-    pub status_file: Option<PathBuf>,
+    /// The admin listener of a running `nodes reconcile` (e.g. http://127.0.0.1:9102):
+    /// its liveness snapshot is shown with the rows.
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -97,6 +150,8 @@ async fn reconciler(cluster: &ClusterArgs) -> anyhow::Result<Reconciler> {
     let client = client(cluster.kubeconfig.as_deref()).await?;
     let mut r = Reconciler::new(client);
     r.port_for = nodeaddr::port_func(range);
+    r.tunnel = cluster.tunnel.into();
+    r.require_tunnel = cluster.require_tunnel;
     Ok(r)
 }
 
@@ -117,49 +172,128 @@ async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
     kube::Client::try_from(config).context("cannot build the Kubernetes client")
 }
 
+/// Host name and pid: unique per process, readable in `kubectl get lease`.
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{host}-{}", std::process::id())
+}
+
 async fn reconcile(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     let mut r = reconciler(&args.cluster).await?;
     r.interval = args.interval;
-    let cancel = cmdline::shutdown_token();
-    let writer = args.status_file.map(|path| {
-        let cancel = cancel.clone();
-        tokio::spawn(async move { write_status_until(&path, cancel).await })
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    r.reporter = Some(kube::runtime::events::Reporter {
+        controller: nodeaddr::EVENT_CONTROLLER.into(),
+        instance: Some(identity.clone()),
     });
-    r.run(cancel.clone()).await;
-    if let Some(w) = writer {
-        cancel.cancel();
-        w.await.context("status file writer panicked")??;
+    if args.once {
+        return Ok(once(&r).await);
     }
+    let lease = daemon::LeaseConfig::new(nodeaddr::LEASE_NAMESPACE, nodeaddr::LEASE_NAME, identity)
+        .with_timings(
+            args.lease_duration,
+            args.lease_renew_deadline,
+            args.lease_retry,
+        );
+    let election = daemon::LeaderElection::new(r.client.clone(), lease)
+        .context("invalid --lease-duration/--lease-renew-deadline/--lease-retry")?;
+    // Bind before any work, so a taken port fails the start, not a later scrape.
+    let admin_addr = args.admin_listen.to_string();
+    let listener = daemon::AdminServer::bind(&admin_addr)
+        .await
+        .map_err(|e| anyhow::anyhow!(nodeaddr::error_chain(&e)))?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let monitor = r.monitor();
+    monitor.register(&mut registry);
+    election.register_metrics(registry.sub_registry_with_prefix("nodeaddr"));
+    let admin = daemon::AdminServer::new(registry).with_status(move || {
+        serde_json::to_value(monitor.status()).unwrap_or(serde_json::Value::Null)
+    });
+
+    let cancel = cmdline::shutdown_token();
+    let (leader, election_task) = election.spawn(cancel.clone());
+    let admin_task = tokio::spawn(admin.serve(listener, cancel.clone()));
+    r.run(cancel.clone(), leader).await;
+    // The election releases the Lease on the way out, so a standby need not wait it out.
+    cancel.cancel();
+    election_task
+        .await
+        .context("the lease election task panicked")?;
+    admin_task
+        .await
+        .context("the admin listener task panicked")?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Mirrors the process-global snapshot into `path` (write to a temporary file, then
-/// rename, so a reader never sees half a document).
-async fn write_status_until(
-    path: &Path,
-    cancel: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
-    let mut last: Option<Status> = None;
-    loop {
-        let now = nodeaddr::last_status();
-        if now != last {
-            if let Some(s) = &now {
-                let body = serde_json::to_vec_pretty(s)?;
-                let tmp = path.with_extension("tmp");
-                tokio::fs::write(&tmp, body)
-                    .await
-                    .with_context(|| format!("cannot write status file {}", tmp.display()))?;
-                tokio::fs::rename(&tmp, path)
-                    .await
-                    .with_context(|| format!("cannot replace status file {}", path.display()))?;
+/// `--once`: one pass, a one-line summary, the exit code.
+async fn once(r: &Reconciler) -> ExitCode {
+    match r.once().await {
+        Ok(report) => {
+            println!("{}", summary(&report));
+            if report.needs_attention() {
+                ExitCode::from(EXIT_NEEDS_ATTENTION)
+            } else {
+                ExitCode::SUCCESS
             }
-            last = now;
         }
-        tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        Err(nodeaddr::Error::Writes { report, first, .. }) => {
+            println!("{}", summary(&report));
+            eprintln!(
+                "error: some node status writes failed; first: {}",
+                nodeaddr::error_chain(&*first)
+            );
+            ExitCode::from(EXIT_NEEDS_ATTENTION)
+        }
+        Err(e) => {
+            eprintln!("error: {}", nodeaddr::error_chain(&e));
+            ExitCode::from(EXIT_CANNOT_ASK)
         }
     }
+}
+
+fn summary(report: &PassReport) -> String {
+    let states: Vec<String> = report
+        .states
+        .iter()
+        .map(|(s, n)| format!("{}={n}", s.as_str()))
+        .collect();
+    format!(
+        "nodes={} writes={} conflicts={} {}",
+        report.nodes,
+        report.writes,
+        report.conflicts,
+        states.join(" ")
+    )
+}
+
+/// GET `{admin}/status` from a running reconciler's admin listener.
+async fn fetch_status(admin: &str) -> anyhow::Result<Status> {
+    let base = admin.trim_end_matches('/');
+    let url: http::Uri = format!("{base}/status")
+        .parse()
+        .with_context(|| format!("--admin {admin:?} is not a URL (e.g. http://127.0.0.1:9102)"))?;
+    if url.scheme_str() != Some("http") {
+        anyhow::bail!("--admin {admin:?}: the admin listener speaks plain http on loopback");
+    }
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.get(url.clone()))
+        .await
+        .with_context(|| format!("{url} did not answer within 10 s"))?
+        .with_context(|| format!("cannot reach {url} (is `nodes reconcile` running there?)"))?;
+    let code = resp.status();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .with_context(|| format!("cannot read the answer of {url}"))?
+        .to_bytes();
+    if !code.is_success() {
+        anyhow::bail!("{url} answered {code}");
+    }
+    serde_json::from_slice(&body).with_context(|| format!("{url} did not answer a status snapshot"))
 }
 
 async fn diagnostics(args: DiagnosticsArgs) -> anyhow::Result<ExitCode> {
@@ -169,25 +303,22 @@ async fn diagnostics(args: DiagnosticsArgs) -> anyhow::Result<ExitCode> {
         .await
         .map_err(|e| anyhow::anyhow!(nodeaddr::error_chain(&e)))
         .context("cannot read Nodes")?;
-    let liveness: Option<Status> = match &args.status_file {
-        Some(path) => {
-            let body = std::fs::read(path).with_context(|| {
-                format!(
-                    "cannot read status file {} (is `nodes reconcile --status-file` running?)",
-                    path.display()
-                )
-            })?;
-            Some(
-                serde_json::from_slice::<Status>(&body)
-                    .with_context(|| format!("status file {} is not a snapshot", path.display()))?,
-            )
-        }
-        None => nodeaddr::last_status(),
+    let liveness = match &args.admin {
+        Some(admin) => Some(
+            fetch_status(admin)
+                .await
+                .context("cannot read the reconciler's status")?,
+        ),
+        None => None,
     };
     let mut out = std::io::stdout().lock();
     match args.output {
         Output::Json => {
-            let doc = serde_json::json!({ "nodes": rows, "reconciler": liveness });
+            let doc = serde_json::json!({
+                "tunnel": Tunnel::from(args.cluster.tunnel),
+                "nodes": rows,
+                "reconciler": liveness,
+            });
             serde_json::to_writer_pretty(&mut out, &doc)?;
             writeln!(out)?;
         }
@@ -218,21 +349,13 @@ fn write_table(
         "STATE".into(),
     ]];
     for r in rows {
-        let state = match (r.skipped, r.patched, r.port_collides_with.is_empty()) {
-            (Some(reason), _, _) => format!(
-                "skipped ({})",
-                serde_json::to_value(reason)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
-            ),
-            (None, true, true) => "ok".into(),
-            (None, false, true) => "UNPATCHED".into(),
-            (None, patched, false) => format!(
-                "{}PORT COLLIDES with {}",
-                if patched { "" } else { "UNPATCHED, " },
-                r.port_collides_with.join(",")
-            ),
+        let state = match r.state {
+            NodeState::Ok => "ok".to_string(),
+            NodeState::Unpatched => "UNPATCHED".to_string(),
+            NodeState::Colliding => format!("COLLIDES with {}", r.collides_with.join(",")),
+            NodeState::TunnelDown => "TUNNEL DOWN".to_string(),
+            NodeState::Virtual => "skipped (virtual)".to_string(),
+            NodeState::PortUnknown => "skipped (port unknown)".to_string(),
         };
         table.push([
             r.node_name.clone(),
@@ -264,14 +387,19 @@ fn write_table(
     match liveness {
         None => writeln!(
             out,
-            "\nreconciler: no liveness snapshot (it runs in `stratum-server nodes reconcile`; \
-             pass --status-file to show the one it writes)"
+            "\nreconciler: not asked (pass --admin http://ADDR, the --admin-listen of \
+             `stratum-server nodes reconcile`, default 127.0.0.1:9102)"
         )?,
         Some(s) => writeln!(
             out,
-            "\nreconciler: started={} last_run_at={} consecutive_failures={} last_error={}",
+            "\nreconciler: started={} leader={} last_run_at={} last_success_at={} \
+             consecutive_failures={} last_error={}",
             s.started,
+            s.leader,
             s.last_run_at
+                .map(|t| t.to_rfc3339())
+                .unwrap_or_else(|| "-".into()),
+            s.last_success_at
                 .map(|t| t.to_rfc3339())
                 .unwrap_or_else(|| "-".into()),
             s.consecutive_failures,
@@ -295,22 +423,37 @@ mod tests {
 
     #[test]
     fn table_marks_each_state() {
-        let row = |name: &str, patched: bool, coll: &[&str], skipped| NodeAddressDiagnostic {
-            node_name: name.into(),
-            routing_name: name.into(),
-            expected_external_ip: Some("127.0.0.9".into()),
-            observed_external_ip: patched.then(|| "127.0.0.9".into()),
-            expected_kubelet_port: Some(20001),
-            observed_kubelet_port: patched.then_some(20001),
-            patched,
-            skipped,
-            port_collides_with: coll.iter().map(|s| s.to_string()).collect(),
-        };
+        let row =
+            |name: &str, patched: bool, coll: &[&str], skipped, state| NodeAddressDiagnostic {
+                node_name: name.into(),
+                routing_name: name.into(),
+                expected_external_ip: Some("127.0.0.9".into()),
+                observed_external_ip: patched.then(|| "127.0.0.9".into()),
+                expected_kubelet_port: Some(20001),
+                observed_kubelet_port: patched.then_some(20001),
+                patched,
+                skipped,
+                collides_with: coll.iter().map(|s| s.to_string()).collect(),
+                state,
+            };
         let rows = [
-            row("a", true, &[], None),
-            row("b", false, &[], None),
-            row("c", true, &["d"], None),
-            row("v", false, &[], Some(nodeaddr::SkipReason::Virtual)),
+            row("a", true, &[], None, NodeState::Ok),
+            row("b", false, &[], None, NodeState::Unpatched),
+            row("c", true, &["d"], None, NodeState::Colliding),
+            row(
+                "t",
+                false,
+                &[],
+                Some(nodeaddr::SkipReason::TunnelDown),
+                NodeState::TunnelDown,
+            ),
+            row(
+                "v",
+                false,
+                &[],
+                Some(nodeaddr::SkipReason::Virtual),
+                NodeState::Virtual,
+            ),
         ];
         let mut buf = Vec::new();
         write_table(&mut buf, &rows, None).unwrap();
@@ -319,8 +462,9 @@ mod tests {
         assert!(lines[0].starts_with("NODE"));
         assert!(lines[1].ends_with("ok"), "{text}");
         assert!(lines[2].ends_with("UNPATCHED"), "{text}");
-        assert!(lines[3].ends_with("PORT COLLIDES with d"), "{text}");
-        assert!(lines[4].ends_with("skipped (virtual)"), "{text}");
-        assert!(text.contains("no liveness snapshot"));
+        assert!(lines[3].ends_with("COLLIDES with d"), "{text}");
+        assert!(lines[4].ends_with("TUNNEL DOWN"), "{text}");
+        assert!(lines[5].ends_with("skipped (virtual)"), "{text}");
+        assert!(text.contains("not asked (pass --admin"));
     }
 }

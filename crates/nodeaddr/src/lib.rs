@@ -31,14 +31,24 @@
 //!   reconciler only writes what differs, with the resourceVersion it read, so a pass over
 //!   unchanged Nodes writes nothing.
 //!
+//! A worker behind `ssh -R` binds its node's loopback address on the control-plane host;
+//! [`bind_address`] finds the one the reconciler assigns (the ExternalIP published on the
+//! worker's own Node, or the reconciler's plan before it is published), so no two nodes
+//! can share an (address, port) pair. [`Tunnel`] says which collisions break a node.
+//!
 //! Under k3s `--with-node-id` the registered name carries a random suffix the worker does
-//! not know; [`routing_name`] recovers the configured `--node-name` from the
-//! `k3s.io/node-args` annotation when it is structurally consistent with the name.
+//! not know; [`routing_name`] recovers the configured name from the `k3s.io/node-args`
+//! (`--node-name`) or `k3s.io/node-env` (`K3S_NODE_NAME`) annotation when it is
+//! structurally consistent with the registered name.
 //!
 //! [`Reconciler::diagnostics`] reports per node what is expected and observed, and flags
 //! port collisions: with 10,000 slots two of n names share a port with probability
 //! `1 - prod(1 - i/10000, i < n)`, about 10% at 47 nodes and 50% at 118.
-//! [`last_status`] is the process-wide liveness snapshot of [`Reconciler::run`].
+//! [`Reconciler::run`] watches Nodes into a reflector store and plans from it: after
+//! start it lists nothing (the watcher re-lists only after a watch failure), and it writes
+//! one status per node that differs, only while it holds the Lease
+//! `kube-system/nodeaddr-reconciler` ([`Leadership`], the `daemon` crate's election). Its liveness and counters live in its [`Monitor`], which the daemon
+//! serves on its admin listener (`/status`, `/metrics`).
 //!
 //! Operations: `docs/nodeaddr.md`.
 
@@ -47,20 +57,25 @@ mod plan;
 mod reconciler;
 mod routing;
 mod status;
+mod worker;
 
 pub use derive::{
     KubeletPortFunc, PortRange, PortRangeError, derived_kubelet_port, fnv1a32,
     kubelet_port_for_node, loopback_candidate, loopback_for_node, port_func,
 };
 pub use plan::{
-    EXTERNAL_IP, PlannedNode, SkipReason, StatusChange, apply_change, first_external_ip,
-    observed_kubelet_port, plan, wanted_status,
+    EXTERNAL_IP, PlannedNode, SkipReason, StatusChange, Tunnel, apply_change, first_external_ip,
+    observed_kubelet_port, plan, unroute_status, wanted_status,
 };
 pub use reconciler::{
-    DEBOUNCE, DEFAULT_INTERVAL, Error, NodeAddressDiagnostic, PassReport, Reconciler, error_chain,
+    DEBOUNCE, DEFAULT_INTERVAL, EVENT_CONTROLLER, Error, LEASE_NAME, LEASE_NAMESPACE, Leadership,
+    NodeAddressDiagnostic, PassReport, Reconciler, TUNNEL_PROBE_TIMEOUT, always_leader,
+    error_chain, tunnel_answers,
 };
 pub use routing::{
-    NODE_ARGS_ANNOTATION, RUNTIME_LABEL, RUNTIME_VIRTUAL, configured_node_name, is_virtual_node,
-    routing_name, routing_name_from,
+    NODE_ARGS_ANNOTATION, NODE_ENV_ANNOTATION, NODE_NAME_ENV, RUNTIME_LABEL, RUNTIME_VIRTUAL,
+    configured_node_name, configured_node_name_env, is_virtual_node, routing_name,
+    routing_name_from,
 };
-pub use status::{Status, last_status, reset_status};
+pub use status::{ErrorKind, Monitor, NodeState, Status};
+pub use worker::{BindAddress, BindError, BindSource, bind_address, bind_address_from};

@@ -1,6 +1,7 @@
 //! The pure half of the reconciler: from observed Nodes to the wanted status changes and
 //! the diagnostic rows. Nothing here performs I/O.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 
@@ -19,7 +20,8 @@ pub const EXTERNAL_IP: &str = "ExternalIP";
 pub struct StatusChange {
     /// The complete address list to store (replaces the node's list).
     pub addresses: Vec<NodeAddress>,
-    /// The value for `status.daemonEndpoints.kubeletEndpoint.Port`.
+    /// The value for `status.daemonEndpoints.kubeletEndpoint.Port`; 0 clears it (the API
+    /// server then dials 10250), which only the cleanup of a node turned virtual does.
     pub kubelet_port: u16,
 }
 
@@ -31,6 +33,24 @@ pub enum SkipReason {
     Virtual,
     /// The port function knows no port for it yet (its tunnel is not up).
     PortUnknown,
+    /// `--require-tunnel`: nothing accepted a TCP connection at the node's loopback
+    /// address and port, so the node is left as it is.
+    TunnelDown,
+}
+
+/// The tunnel that publishes kubelets on the control-plane host; it decides which
+/// collisions break a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Tunnel {
+    /// frps binds every remote port on all addresses: every node shares one port space,
+    /// so two nodes deriving one port collide and the second proxy is refused.
+    #[default]
+    Frpc,
+    /// `ssh -R ADDR:PORT:...` binds the node's own loopback address: only two nodes with
+    /// the same (address, port) pair collide, which the unique loopback assignment rules
+    /// out.
+    Ssh,
 }
 
 /// One node as a pass sees it: what it should carry, what it carries, and what to write.
@@ -51,9 +71,26 @@ pub struct PlannedNode {
     /// The kubelet port the node advertises now (0 and absent both read as `None`).
     pub observed_kubelet_port: Option<u16>,
     /// Other routed nodes that derive the same port; empty when the port is the node's own.
+    /// Breaks a node behind frpc ([`Tunnel::Frpc`]).
     pub port_collides_with: Vec<String>,
+    /// Other routed nodes expected at the same (address, port) pair: what breaks a node
+    /// behind `ssh -R` ([`Tunnel::Ssh`]). Empty by construction, since every routed node
+    /// gets its own address; computed rather than assumed so diagnostics prove it.
+    pub address_collides_with: Vec<String>,
     /// The status change to write; `None` when the node already matches or is skipped.
+    /// For a virtual node it is the removal of what the reconciler wrote before the node
+    /// became virtual.
     pub change: Option<StatusChange>,
+}
+
+impl PlannedNode {
+    /// The nodes whose route collides with this one behind `tunnel`.
+    pub fn collides_with(&self, tunnel: Tunnel) -> &[String] {
+        match tunnel {
+            Tunnel::Frpc => &self.port_collides_with,
+            Tunnel::Ssh => &self.address_collides_with,
+        }
+    }
 }
 
 /// Computes a pass over `nodes`: rows sorted by node name.
@@ -61,10 +98,18 @@ pub struct PlannedNode {
 /// Loopback addresses are handed out in sorted (routing name, node name) order over the
 /// routed nodes only, so that the same node set always yields the same assignment and an
 /// unchanged cluster plans no writes.
-pub fn plan(nodes: &[Node], port_for: &dyn Fn(&str) -> Option<u16>) -> Vec<PlannedNode> {
+///
+/// A virtual node that still carries a loopback ExternalIP or the derived port (it was
+/// patched before it became virtual) plans their removal, so the API server stops dialing
+/// a kubelet that does not exist.
+pub fn plan<N: Borrow<Node>>(
+    nodes: &[N],
+    port_for: &dyn Fn(&str) -> Option<u16>,
+) -> Vec<PlannedNode> {
     let mut rows: Vec<(PlannedNode, &Node)> = nodes
         .iter()
         .map(|node| {
+            let node: &Node = node.borrow();
             let routing = routing_name(node);
             let port = port_for(&routing);
             let skipped = if is_virtual_node(node) {
@@ -83,7 +128,12 @@ pub fn plan(nodes: &[Node], port_for: &dyn Fn(&str) -> Option<u16>) -> Vec<Plann
                 observed_external_ip: first_external_ip(node).map(str::to_string),
                 observed_kubelet_port: observed_kubelet_port(node),
                 port_collides_with: Vec::new(),
-                change: None,
+                address_collides_with: Vec::new(),
+                change: if skipped == Some(SkipReason::Virtual) {
+                    unroute_status(node, port)
+                } else {
+                    None
+                },
             };
             (row, node)
         })
@@ -105,22 +155,37 @@ pub fn plan(nodes: &[Node], port_for: &dyn Fn(&str) -> Option<u16>) -> Vec<Plann
         row.expected_external_ip = Some(ip);
     }
 
-    // Collisions: every routed node sharing a port with another.
+    // Collisions: every routed node sharing a port (frpc) or an address and a port (ssh)
+    // with another.
     let mut by_port: HashMap<u16, Vec<String>> = HashMap::new();
+    let mut by_pair: HashMap<(Ipv4Addr, u16), Vec<String>> = HashMap::new();
     for (row, _) in &rows {
         if let Some(port) = row.expected_kubelet_port {
             by_port.entry(port).or_default().push(row.node_name.clone());
+            if let Some(ip) = row.expected_external_ip {
+                by_pair
+                    .entry((ip, port))
+                    .or_default()
+                    .push(row.node_name.clone());
+            }
         }
     }
+    let others = |all: Option<&Vec<String>>, me: &str| -> Vec<String> {
+        let mut v: Vec<String> = all
+            .into_iter()
+            .flatten()
+            .filter(|n| *n != me)
+            .cloned()
+            .collect();
+        v.sort();
+        v
+    };
     for (row, node) in &mut rows {
         if let Some(port) = row.expected_kubelet_port {
-            let mut others: Vec<String> = by_port[&port]
-                .iter()
-                .filter(|n| **n != row.node_name)
-                .cloned()
-                .collect();
-            others.sort();
-            row.port_collides_with = others;
+            row.port_collides_with = others(by_port.get(&port), &row.node_name);
+            if let Some(ip) = row.expected_external_ip {
+                row.address_collides_with = others(by_pair.get(&(ip, port)), &row.node_name);
+            }
         }
         if let (Some(ip), Some(port)) = (row.expected_external_ip, row.expected_kubelet_port) {
             row.change = wanted_status(node, ip, port);
@@ -156,6 +221,37 @@ pub fn wanted_status(node: &Node, ip: Ipv4Addr, port: u16) -> Option<StatusChang
     })
 }
 
+/// The cleanup of a node that became virtual after it was routed: its loopback
+/// ExternalIPs go (only this reconciler puts them there), and its kubelet port is cleared
+/// when it is still `derived_port`. `None` when there is nothing of ours on it.
+pub fn unroute_status(node: &Node, derived_port: Option<u16>) -> Option<StatusChange> {
+    let current: &[NodeAddress] = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_deref())
+        .unwrap_or_default();
+    let addresses: Vec<NodeAddress> = current
+        .iter()
+        .filter(|a| !(a.type_ == EXTERNAL_IP && is_loopback(&a.address)))
+        .cloned()
+        .collect();
+    let observed = observed_kubelet_port(node);
+    let port_ours = derived_port.is_some() && observed == derived_port;
+    if !port_ours && addresses.len() == current.len() {
+        return None;
+    }
+    Some(StatusChange {
+        addresses,
+        kubelet_port: if port_ours { 0 } else { observed.unwrap_or(0) },
+    })
+}
+
+fn is_loopback(address: &str) -> bool {
+    address
+        .parse::<Ipv4Addr>()
+        .is_ok_and(|addr| addr.is_loopback())
+}
+
 fn wanted_addresses(current: &[NodeAddress], ip: Ipv4Addr) -> Vec<NodeAddress> {
     let ours = NodeAddress {
         type_: EXTERNAL_IP.to_string(),
@@ -169,11 +265,7 @@ fn wanted_addresses(current: &[NodeAddress], ip: Ipv4Addr) -> Vec<NodeAddress> {
                 out.push(ours.clone());
                 placed = true;
             }
-            let loopback = a
-                .address
-                .parse::<Ipv4Addr>()
-                .is_ok_and(|addr| addr.is_loopback());
-            if loopback {
+            if is_loopback(&a.address) {
                 continue;
             }
         }
@@ -189,6 +281,11 @@ fn wanted_addresses(current: &[NodeAddress], ip: Ipv4Addr) -> Vec<NodeAddress> {
 pub fn apply_change(node: &mut Node, change: &StatusChange) {
     let status = node.status.get_or_insert_with(Default::default);
     status.addresses = Some(change.addresses.clone());
+    if change.kubelet_port == 0 && observed_kubelet_port(node).is_none() {
+        // Nothing to clear; leave an absent endpoint absent.
+        return;
+    }
+    let status = node.status.get_or_insert_with(Default::default);
     let endpoints = status
         .daemon_endpoints
         .get_or_insert_with(NodeDaemonEndpoints::default);
@@ -368,6 +465,60 @@ mod tests {
         let mut reversed = nodes.clone();
         reversed.reverse();
         assert_eq!(plan(&reversed, &derived), rows);
+    }
+
+    #[test]
+    fn a_node_turned_virtual_loses_what_we_wrote_and_nothing_else() {
+        let port = kubelet_port_for_node("v1");
+        let mut v = node(
+            "v1",
+            vec![
+                addr("InternalIP", "10.0.0.5"),
+                addr("ExternalIP", "127.4.5.6"),
+                addr("ExternalIP", "203.0.113.7"),
+            ],
+            Some(i32::from(port)),
+        );
+        v.metadata.labels = Some([(RUNTIME_LABEL.to_string(), RUNTIME_VIRTUAL.to_string())].into());
+        let rows = plan(std::slice::from_ref(&v), &derived);
+        assert_eq!(rows[0].skipped, Some(SkipReason::Virtual));
+        let change = rows[0].change.clone().expect("cleanup planned");
+        assert_eq!(
+            change.addresses,
+            vec![
+                addr("InternalIP", "10.0.0.5"),
+                addr("ExternalIP", "203.0.113.7")
+            ]
+        );
+        assert_eq!(change.kubelet_port, 0);
+        let mut after = v.clone();
+        apply_change(&mut after, &change);
+        assert_eq!(observed_kubelet_port(&after), None);
+        assert_eq!(first_external_ip(&after), Some("203.0.113.7"));
+        assert!(
+            plan(&[after], &derived)[0].change.is_none(),
+            "a fixed point"
+        );
+
+        // A port someone else set (the virtual kubelet's own) is not ours to clear.
+        let mut own = v.clone();
+        own.status.as_mut().unwrap().daemon_endpoints = Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint { port: 10250 }),
+        });
+        let change = unroute_status(&own, Some(port)).unwrap();
+        assert_eq!(change.kubelet_port, 10250);
+        own.status.as_mut().unwrap().addresses = Some(vec![addr("InternalIP", "10.0.0.5")]);
+        assert_eq!(unroute_status(&own, Some(port)), None);
+    }
+
+    #[test]
+    fn ssh_collisions_need_a_shared_address_and_port() {
+        let nodes = vec![node("a", vec![], None), node("b", vec![], None)];
+        let same = |_: &str| Some(20000);
+        let rows = plan(&nodes, &same);
+        assert_eq!(rows[0].collides_with(Tunnel::Frpc), ["b"]);
+        assert!(rows[0].collides_with(Tunnel::Ssh).is_empty());
+        assert!(rows[1].collides_with(Tunnel::Ssh).is_empty());
     }
 
     #[test]
