@@ -18,9 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::core::v1::{
-    Container, DaemonEndpoint, Node, NodeAddress, NodeDaemonEndpoints, NodeStatus, Pod, PodSpec,
-};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use testkube::ApiServer;
@@ -74,30 +72,8 @@ fn parse_ssh_forward(cmd: &str) -> anyhow::Result<(Ipv4Addr, u16)> {
 }
 
 fn kubelet_node(name: &str, i: usize) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        status: Some(NodeStatus {
-            addresses: Some(vec![
-                NodeAddress {
-                    type_: "InternalIP".into(),
-                    // TEST-NET-1: what the worker sees of itself, unreachable from here.
-                    address: format!("192.0.2.{}", i + 1),
-                },
-                NodeAddress {
-                    type_: "Hostname".into(),
-                    address: name.into(),
-                },
-            ]),
-            daemon_endpoints: Some(NodeDaemonEndpoints {
-                kubelet_endpoint: Some(DaemonEndpoint { port: 10250 }),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    let octet = u8::try_from(i + 1).expect("fewer than 255 nodes");
+    testkube::fixtures::kubelet_node(name, octet)
 }
 
 fn pod(name: &str, node: &str) -> Pod {
@@ -325,7 +301,7 @@ fn collisions(row: &serde_json::Value) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_logs_reach_every_kubelet_through_its_ssh_tunnel() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    testkube::fixtures::install_crypto();
     let started = std::time::Instant::now();
     let phase = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
     require("kubectl", "kubectl (1.32 ships with the machine image)");
@@ -785,20 +761,7 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
     }
 }
 
-async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+use testkube::fixtures::eventually_within as wait_until;
 
 fn spawn_reconciler(stratum: &Path, kubeconfig: &Path, identity: &str, admin_port: u16) -> Reaped {
     Reaped(
@@ -840,7 +803,7 @@ async fn admin_status(port: u16) -> Option<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_reconciler_writes_and_a_standby_takes_over_from_a_killed_holder() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    testkube::fixtures::install_crypto();
     let stratum = e2e::binary("stratum-server");
     let server = ApiServer::start().await.unwrap();
     let kubeconfig = server.kubeconfig_path().to_path_buf();
