@@ -13,6 +13,7 @@
 //! - Health: [`etcd_member_status`], [`etcd_cluster_healthy`] (fails closed).
 //! - Storage: [`etcd_storage_at`], [`downgrade_etcd`].
 
+pub mod learner;
 pub mod rules;
 
 use std::path::PathBuf;
