@@ -463,23 +463,35 @@ pub async fn run_node(
     if state.etcd.learner {
         let id = state.etcd.member_id.unwrap_or(0);
         let endpoints = state.endpoints();
-        let promote = learner::promote_when_caught_up(
-            &etcd_opts,
-            &endpoints,
-            id,
-            &state.etcd.peer_url,
-            run.config.etcd.promote_timeout,
-        );
-        tokio::select! {
-            r = promote => match r {
+        // Keep trying until promoted or shut down: a learner that cannot catch up within
+        // one deadline (a slow disk, a busy leader) may well catch up in the next.
+        loop {
+            let promote = learner::promote_when_caught_up(
+                &etcd_opts,
+                &endpoints,
+                id,
+                &state.etcd.peer_url,
+                run.config.etcd.promote_timeout,
+            );
+            let result = tokio::select! {
+                r = promote => r,
+                _ = shutdown.cancelled() => break,
+            };
+            match result {
                 Ok(attempts) => {
                     state.etcd.learner = false;
                     state.save(&run.data_dir)?;
                     promoted_now = Some(attempts);
+                    break;
                 }
-                Err(e) => warn!("{e}; the next start tries again"),
-            },
-            _ = shutdown.cancelled() => {}
+                Err(e) => {
+                    warn!("{e}; trying again");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                        _ = shutdown.cancelled() => break,
+                    }
+                }
+            }
         }
     }
     if let Some(kubeconfig) = &run.api_kubeconfig

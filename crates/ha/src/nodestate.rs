@@ -198,15 +198,16 @@ impl NodeState {
             .map_err(|source| NodeStateError::Remove { path, source })
     }
 
-    /// The client URLs to reach the cluster through: this member's first, then the others
-    /// recorded.
+    /// The client URLs to reach the cluster through: the other members recorded first
+    /// (a learner answers no membership or linearizable request), then this member's.
     pub fn endpoints(&self) -> Vec<String> {
-        let mut out = vec![self.etcd.client_url.clone()];
+        let mut out: Vec<String> = Vec::new();
         for e in &self.cluster_endpoints {
-            if !out.contains(e) {
+            if !out.contains(e) && *e != self.etcd.client_url {
                 out.push(e.clone());
             }
         }
+        out.push(self.etcd.client_url.clone());
         out
     }
 }
@@ -372,7 +373,7 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(
             state().endpoints(),
-            vec!["https://10.0.0.2:2379", "https://10.0.0.1:2379"]
+            vec!["https://10.0.0.1:2379", "https://10.0.0.2:2379"]
         );
         NodeState::remove(dir.path()).unwrap();
         NodeState::remove(dir.path()).unwrap();

@@ -54,6 +54,9 @@ pub enum Refusal {
     MemberNotFound,
     /// `etcdserver: given member URLs are invalid`.
     BadUrls,
+    /// `etcdserver: rpc not supported for learner`: the endpoint asked is itself a learner;
+    /// ask another member.
+    NotSupportedForLearner,
 }
 
 impl Refusal {
@@ -79,6 +82,9 @@ impl Refusal {
             (FAILED_PRECONDITION, "etcdserver: Peer URLs already exists") => Refusal::PeerUrlExists,
             (NOT_FOUND, "etcdserver: member not found") => Refusal::MemberNotFound,
             (INVALID_ARGUMENT, "etcdserver: given member URLs are invalid") => Refusal::BadUrls,
+            (UNAVAILABLE, "etcdserver: rpc not supported for learner") => {
+                Refusal::NotSupportedForLearner
+            }
             _ => return None,
         };
         Some(r)
@@ -467,6 +473,11 @@ async fn send_add(
                     resp.member_list().iter().map(to_info).collect(),
                 ));
             }
+            Err(CallFailure::Refused {
+                refusal: Some(Refusal::NotSupportedForLearner),
+                message,
+                ..
+            }) => last = Some((ep.clone(), CallFailure::NoAnswer(message))),
             Err(f @ CallFailure::Refused { .. }) => return Err((ep.clone(), f)),
             Err(f) => last = Some((ep.clone(), f)),
         }
@@ -509,6 +520,11 @@ pub async fn promote_when_caught_up(
                         peer_url: peer_url.into(),
                     });
                 }
+                Err(CallFailure::Refused {
+                    refusal: Some(Refusal::NotSupportedForLearner),
+                    message,
+                    ..
+                }) => last = format!("{ep}: {message}"),
                 Err(CallFailure::Refused {
                     refusal: Some(r),
                     message,
