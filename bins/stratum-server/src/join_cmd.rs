@@ -110,7 +110,10 @@ pub async fn run(args: JoinArgs) -> anyhow::Result<ExitCode> {
         pki_dir: args.pki_dir.clone(),
         kubeconfig_dir: kubeconfig_dir.clone(),
         config: config.clone(),
-        discovery: DiscoveryTimeouts::default(),
+        discovery: DiscoveryTimeouts {
+            total: config.discovery_timeout,
+            ..DiscoveryTimeouts::default()
+        },
         queueing: Queueing::default(),
     };
     let shutdown = cmdline::shutdown_token();

@@ -267,7 +267,7 @@ pub struct ComponentConfig {
 }
 
 /// The `--config` file of `up` and `join` (YAML). Every field has a default.
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeConfig {
     /// etcd.
@@ -276,6 +276,21 @@ pub struct NodeConfig {
     pub components: Vec<ComponentConfig>,
     /// The admin listener (`/metrics`, `/status`), e.g. `127.0.0.1:9104`; none when unset.
     pub admin_listen: Option<String>,
+    /// How long a join keeps retrying discovery while the server is unreachable or has
+    /// not signed cluster-info for its token (default 60 s).
+    #[serde(with = "humantime_serde_compat")]
+    pub discovery_timeout: Duration,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            etcd: EtcdConfig::default(),
+            components: Vec::new(),
+            admin_listen: None,
+            discovery_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// A config file that cannot be used.
