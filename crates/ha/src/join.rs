@@ -138,7 +138,7 @@ pub enum JoinError {
         rollback: String,
         /// The write error.
         #[source]
-        source: NodeStateError,
+        source: Box<NodeStateError>,
     },
     /// Interrupted before the member add.
     #[error("interrupted before the step \"{next}\"; no member was added")]
@@ -496,7 +496,7 @@ pub async fn prepare_control_plane_join(
         return Err(JoinError::Persist {
             journal: JoinIntentJournal::new(&opts.data_dir).path().to_path_buf(),
             rollback,
-            source,
+            source: Box::new(source),
         });
     }
     info!(member = %opts.node_name, id = %format!("{:x}", added.id), "node state persisted; the member starts as a learner");
