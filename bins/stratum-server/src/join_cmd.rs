@@ -20,8 +20,8 @@ use crate::up_cmd::kubeconfig_dir;
 /// added but not started; `stratum-server up` starts it.
 pub const EXIT_NOT_STARTED: u8 = 3;
 
-/// Flags of `stratum-server join`.
-#[derive(Debug, clap::Args)]
+/// Flags of `stratum-server join`. Debug redacts the token secret and the key.
+#[derive(clap::Args)]
 pub struct JoinArgs {
     /// The API server to discover, HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]
@@ -76,6 +76,26 @@ pub struct JoinArgs {
     /// Node config (YAML): etcd ports, binary and timeouts.
     #[arg(long, value_name = "F")]
     pub config: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for JoinArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let token_id = self.token.split('.').next().unwrap_or("");
+        f.debug_struct("JoinArgs")
+            .field("server", &self.server)
+            .field("token", &format_args!("{token_id}.<redacted>"))
+            .field("ca_cert_hash", &self.ca_cert_hash)
+            .field(
+                "certificate_key",
+                &self.certificate_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("certificate_key_file", &self.certificate_key_file)
+            .field("node_name", &self.node_name)
+            .field("node_ip", &self.node_ip)
+            .field("data_dir", &self.data_dir)
+            .field("no_start", &self.no_start)
+            .finish_non_exhaustive()
+    }
 }
 
 fn cert_key(args: &JoinArgs) -> anyhow::Result<CertKey> {
@@ -154,4 +174,61 @@ pub async fn run(args: JoinArgs) -> anyhow::Result<ExitCode> {
     )
     .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        join: JoinArgs,
+    }
+
+    const TOKEN: &str = "abcdef.0123456789abcdef";
+
+    fn parse(extra: &[&str]) -> JoinArgs {
+        let mut argv = vec![
+            "join",
+            "--server",
+            "10.0.0.1:6443",
+            "--token",
+            TOKEN,
+            "--discovery-token-ca-cert-hash",
+            "sha256:00",
+            "--node-name",
+            "cp2",
+            "--node-ip",
+            "10.0.0.2",
+            "--data-dir",
+            "/var/lib/stratum",
+        ];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).unwrap().join
+    }
+
+    #[test]
+    fn the_certificate_key_comes_from_a_file_and_debug_hides_secrets() {
+        let key = CertKey::generate().to_hex();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("key");
+        std::fs::write(&file, format!("{key}\n")).unwrap();
+        let args = parse(&["--certificate-key-file", file.to_str().unwrap()]);
+        assert_eq!(cert_key(&args).unwrap().to_hex(), key);
+        let args = parse(&["--certificate-key", &key]);
+        let debug = format!("{args:?}");
+        assert!(
+            !debug.contains(&key) && !debug.contains("0123456789abcdef"),
+            "{debug}"
+        );
+        assert!(debug.contains("abcdef.<redacted>"), "{debug}");
+    }
+
+    #[test]
+    fn no_certificate_key_says_where_to_put_it() {
+        let err = cert_key(&parse(&[])).unwrap_err().to_string();
+        assert!(err.contains("--certificate-key-file"), "{err}");
+    }
 }

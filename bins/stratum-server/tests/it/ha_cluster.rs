@@ -825,3 +825,81 @@ async fn connect(c: &Cluster) -> anyhow::Result<etcd_client::Client> {
     )
     .await?)
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn operator_prunes_the_grants_of_expired_tokens_and_reports_the_key_age() -> anyhow::Result<()>
+{
+    let api = ApiServer::start().await?;
+    let client = api.client();
+    let pki = tempfile::tempdir()?;
+    pki::generate_shared(pki.path(), false)?;
+    let files = ha::grants::read_bundle_files(pki.path())?;
+    let mut entries = Vec::new();
+    for ttl in [1, 3600] {
+        let minted = ha::tokens::create_token(
+            &client,
+            ha::tokens::TokenRole::ControlPlane,
+            Duration::from_secs(ttl),
+            None,
+            chrono::Utc::now(),
+        )
+        .await?;
+        ha::grants::upload_certs(
+            &client,
+            &ha::grants::CertKey::generate(),
+            &ha::grants::GrantOwner::from(&minted),
+            &files,
+            &ha::grants::UploadProfile::default(),
+            ha::grants::no_confirm,
+        )
+        .await?;
+        entries.push(ha::grants::grant_entry_name(minted.token.id()));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let out = Command::new(env!("CARGO_BIN_EXE_stratum-server"))
+        .args(["operator", "--once", "--kubeconfig"])
+        .arg(api.kubeconfig_path())
+        .env_remove("KUBECONFIG")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(
+        report["pruned"],
+        serde_json::json!([entries[0]]),
+        "{report}"
+    );
+    assert!(
+        report["key_age_seconds"].as_i64().is_some_and(|a| a >= 0),
+        "{report}"
+    );
+    let secret: k8s_openapi::api::core::v1::Secret = Api::namespaced(client.clone(), "kube-system")
+        .get(ha::grants::SECRET_NAME)
+        .await?;
+    let keys: Vec<String> = secret.data.unwrap_or_default().into_keys().collect();
+    assert!(
+        !keys.contains(&entries[0]) && keys.contains(&entries[1]),
+        "{keys:?}"
+    );
+
+    // A second pass with nothing expired writes nothing.
+    let rv = secret.metadata.resource_version;
+    let out = Command::new(env!("CARGO_BIN_EXE_stratum-server"))
+        .args(["operator", "--once", "--kubeconfig"])
+        .arg(api.kubeconfig_path())
+        .env_remove("KUBECONFIG")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again: k8s_openapi::api::core::v1::Secret = Api::namespaced(client, "kube-system")
+        .get(ha::grants::SECRET_NAME)
+        .await?;
+    assert_eq!(again.metadata.resource_version, rv);
+    Ok(())
+}
