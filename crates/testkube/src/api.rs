@@ -62,6 +62,21 @@ impl Request {
 
 type Reply = Result<Response<Body>, ApiError>;
 
+/// A JSON response carrying `Warning` headers.
+fn warned(code: u16, v: &Value, warnings: &[String]) -> Response<Body> {
+    let mut r = json_response(code, v);
+    for w in warnings {
+        if let Ok(h) = http::HeaderValue::from_str(&crate::typed::warning_header(w)) {
+            r.headers_mut().append(header::WARNING, h);
+        }
+    }
+    r
+}
+
+fn field_validation(req: &Request) -> Result<crate::typed::FieldValidation, ApiError> {
+    crate::typed::FieldValidation::parse(req.query.get("fieldValidation").map(String::as_str))
+}
+
 fn json_response(code: u16, v: &Value) -> Response<Body> {
     bytes_response(code, serde_json::to_vec(v).unwrap_or_default())
 }
@@ -211,6 +226,8 @@ pub fn create(st: &State, req: &Request) -> Reply {
     if req.res.create_only {
         return review(st, req, obj);
     }
+    strategy::normalize_times(&mut obj).map_err(ApiError::bad_request)?;
+    let (mut obj, warnings) = crate::typed::decode(req.res, obj, field_validation(req)?)?;
     check_namespace(req, &mut obj)?;
     let meta = &mut obj["metadata"];
     if meta_str(&json!({"metadata": meta.clone()}), "name").is_none_or(str::is_empty)
@@ -264,13 +281,21 @@ pub fn create(st: &State, req: &Request) -> Reply {
         if is_dry_run(req) {
             Arc::new(obj)
         } else {
+            let owned = obj
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty());
             let s = g.put(idx, obj);
             drop(g);
             st.notify();
+            if owned {
+                // The collector sees new dependents at once (its informers would).
+                st.kick_gc();
+            }
             s
         }
     };
-    Ok(json_response(201, &stored))
+    Ok(warned(201, &stored, &warnings))
 }
 
 fn review(st: &State, req: &Request, mut obj: Value) -> Reply {
@@ -406,7 +431,7 @@ pub fn list(st: &State, req: &Request) -> Reply {
     let g = st.store.lock();
     let (items, list_rv) = if let Some(token) = cont {
         let (rv, tns, tname) = decode_continue(token)?;
-        if rv < g.floor() {
+        if rv < g.floor_of(idx) {
             return Err(ApiError::expired(
                 "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
             ));
@@ -506,7 +531,16 @@ pub fn watch(st: &State, req: &Request, drop_after_backlog: bool) -> Reply {
         None | Some("") | Some("0") => Start::Current,
         // Streaming lists: the state as of now (at least that version), then changes.
         Some(_) if send_initial => Start::Current,
-        Some(rv) => Start::From(parse_rv(rv)?),
+        Some(rv) => {
+            let rv = parse_rv(rv)?;
+            let current = st.store.lock().rv();
+            if rv > current {
+                // The watch cache waits briefly for a fresher store, then answers this;
+                // a single store never gets there, so it answers at once.
+                return Err(too_large_rv(rv, current));
+            }
+            Start::From(rv)
+        }
     };
     let bookmarks = req
         .query
@@ -590,11 +624,14 @@ fn check_preconditions(
 fn write_update(
     req: &Request,
     g: &mut Inner,
-    mut new: Value,
+    new: Value,
     existing: &Arc<Value>,
-) -> Result<(u16, Arc<Value>), ApiError> {
+) -> Result<(u16, Arc<Value>, Vec<String>), ApiError> {
     let (ns, name) = scope(req);
+    let mut new = new;
     check_type(req.res, &mut new)?;
+    strategy::normalize_times(&mut new).map_err(ApiError::bad_request)?;
+    let (mut new, warnings) = crate::typed::decode(req.res, new, field_validation(req)?)?;
     if let Some(n) = meta_str(&new, "name")
         && n != name
     {
@@ -629,6 +666,7 @@ fn write_update(
         strategy::prepare_update(req.res, &mut new, existing);
     }
     causes.extend(strategy::validate(req.res, &new));
+    causes.extend(strategy::validate_kind_update(req.res, &new, existing));
     if req.res.plural == "pods" && !status_write {
         causes.extend(strategy::validate_pod_update(&new, existing));
     }
@@ -646,14 +684,15 @@ fn write_update(
             } else {
                 existing.clone()
             },
+            warnings,
         ));
     }
     let idx = res_index(req.res);
     if strategy::should_remove_after_update(&new) {
         let gone = g.remove(idx, &ns, &name).unwrap_or_else(|| Arc::new(new));
-        return Ok((200, gone));
+        return Ok((200, gone, warnings));
     }
-    Ok((200, g.put(idx, new)))
+    Ok((200, g.put(idx, new), warnings))
 }
 
 /// PUT.
@@ -661,32 +700,109 @@ pub fn update(st: &State, req: &Request) -> Reply {
     let new = parse_body(&req.body)?;
     let (ns, name) = scope(req);
     let idx = res_index(req.res);
-    let (code, obj, deleting) = {
+    let (code, obj, deleting, warnings) = {
         let mut g = st.store.lock();
         let Some(existing) = g.get(idx, &ns, &name) else {
-            return Err(ApiError::not_found(req.res, &name));
+            drop(g);
+            return create_on_update(st, req, new, &name);
         };
-        let (code, obj) = write_update(req, &mut g, new, &existing)?;
+        if !allows_unconditional_update(req.res)
+            && meta_str(&new, "resourceVersion").is_none_or(str::is_empty)
+        {
+            return Err(ApiError::invalid(
+                req.res,
+                &name,
+                &[crate::status::Cause::invalid(
+                    "metadata.resourceVersion",
+                    &json!(""),
+                    "must be specified for an update",
+                )],
+            ));
+        }
+        let (code, obj, warnings) = write_update(req, &mut g, new, &existing)?;
         (
             code,
             obj,
             existing.pointer("/metadata/deletionTimestamp").is_some(),
+            warnings,
         )
     };
     st.notify();
-    if deleting {
+    if deleting
+        || obj
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+    {
         st.kick_gc();
     }
-    Ok(json_response(code, &obj))
+    Ok(warned(code, &obj, &warnings))
+}
+
+/// `AllowUnconditionalUpdate` of the kind's strategy: false for Leases
+/// (`pkg/registry/coordination/lease/strategy.go`).
+fn allows_unconditional_update(res: &Resource) -> bool {
+    res.plural != "leases"
+}
+
+/// `AllowCreateOnUpdate` of the kind's strategy: Leases, Events, Endpoints and the RBAC
+/// kinds are created by a PUT of a missing object.
+fn allows_create_on_update(res: &Resource) -> bool {
+    matches!(
+        res.plural,
+        "leases"
+            | "events"
+            | "endpoints"
+            | "roles"
+            | "rolebindings"
+            | "clusterroles"
+            | "clusterrolebindings"
+    )
+}
+
+/// A PUT of a missing object: 404, or a create (201) where the kind allows it.
+fn create_on_update(st: &State, req: &Request, mut body: Value, name: &str) -> Reply {
+    if !allows_create_on_update(req.res) || req.sub.is_some() {
+        return Err(ApiError::not_found(req.res, name));
+    }
+    if meta_str(&body, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
+        return Err(ApiError::not_found(req.res, name));
+    }
+    match meta_str(&body, "name") {
+        Some(n) if n != name => {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            )));
+        }
+        _ => {}
+    }
+    if !body["metadata"].is_object() {
+        body["metadata"] = json!({});
+    }
+    body["metadata"]["name"] = json!(name);
+    let creq = Request {
+        body: Bytes::from(serde_json::to_vec(&body).unwrap_or_default()),
+        name: None,
+        ..req.clone()
+    };
+    create(st, &creq)
 }
 
 /// PATCH.
 pub fn patch(st: &State, req: &Request) -> Reply {
-    let kind = PatchKind::from_content_type(&req.content_type)
-        .map_err(|_| ApiError::unsupported_media_type(&req.content_type, patch::ACCEPTED))?;
+    let kind = PatchKind::from_content_type(&req.content_type).map_err(|_| {
+        let mut e = ApiError::unsupported_media_type(&req.content_type, patch::ACCEPTED);
+        if req.content_type.starts_with("application/apply-patch") {
+            e.message = format!(
+                "{} (server-side apply is not implemented by this API double, and product code must not use it: send a strategic merge, merge or JSON patch)",
+                e.message
+            );
+        }
+        e
+    })?;
     let (ns, name) = scope(req);
     let idx = res_index(req.res);
-    let (code, obj, deleting) = {
+    let (code, obj, deleting, warnings) = {
         let mut g = st.store.lock();
         let Some(existing) = g.get(idx, &ns, &name) else {
             return Err(ApiError::not_found(req.res, &name));
@@ -701,18 +817,24 @@ pub fn patch(st: &State, req: &Request) -> Reply {
                 "the patched object is not a JSON object with metadata",
             ));
         }
-        let (code, obj) = write_update(req, &mut g, patched, &existing)?;
+        let (code, obj, warnings) = write_update(req, &mut g, patched, &existing)?;
         (
             code,
             obj,
             existing.pointer("/metadata/deletionTimestamp").is_some(),
+            warnings,
         )
     };
     st.notify();
-    if deleting {
+    if deleting
+        || obj
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
+    {
         st.kick_gc();
     }
-    Ok(json_response(code, &obj))
+    Ok(warned(code, &obj, &warnings))
 }
 
 /// DeleteOptions from the body and the query.
@@ -722,6 +844,8 @@ struct DeleteOptions {
     uid: Option<String>,
     rv: Option<String>,
     propagation: Option<String>,
+    /// `orphanDependents: false` given explicitly (the one case of a 202).
+    orphan_false: bool,
     dry_run: bool,
 }
 
@@ -744,8 +868,10 @@ fn delete_options(req: &Request) -> Result<DeleteOptions, ApiError> {
             .get("propagationPolicy")
             .and_then(Value::as_str)
             .map(String::from);
-        if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
-            o.propagation = Some("Orphan".into());
+        match v.get("orphanDependents").and_then(Value::as_bool) {
+            Some(true) => o.propagation = Some("Orphan".into()),
+            Some(false) => o.orphan_false = true,
+            None => {}
         }
         o.dry_run = v
             .get("dryRun")
@@ -759,6 +885,11 @@ fn delete_options(req: &Request) -> Result<DeleteOptions, ApiError> {
     }
     if let Some(p) = req.query.get("propagationPolicy") {
         o.propagation = Some(p.clone());
+    }
+    match req.query.get("orphanDependents").map(String::as_str) {
+        Some("true") => o.propagation = Some("Orphan".into()),
+        Some("false") => o.orphan_false = true,
+        _ => {}
     }
     o.dry_run |= is_dry_run(req);
     match o.propagation.as_deref() {
@@ -841,13 +972,7 @@ pub fn delete(st: &State, req: &Request) -> Reply {
         let Some(existing) = g.get(res_index(req.res), &ns, &name) else {
             return Err(ApiError::not_found(req.res, &name));
         };
-        check_preconditions(
-            req.res,
-            &name,
-            &existing,
-            opts.uid.as_deref(),
-            opts.rv.as_deref(),
-        )?;
+        before_delete_preconditions(req.res, &name, &existing, &opts)?;
         delete_locked(
             &mut g,
             req.res,
@@ -861,13 +986,122 @@ pub fn delete(st: &State, req: &Request) -> Reply {
     st.notify();
     st.kick_gc();
     if !removed {
-        return Ok(json_response(202, &obj));
+        // `handlers/delete.go`: 200 with the object still there (graceful or held by a
+        // finalizer); 202 only when the caller set `orphanDependents: false`.
+        return Ok(json_response(
+            if opts.orphan_false { 202 } else { 200 },
+            &obj,
+        ));
     }
     if returns_deleted_object(req.res) {
         Ok(json_response(200, &obj))
     } else {
         Ok(json_response(200, &success_status(req.res, &obj)))
     }
+}
+
+/// The precondition checks of `rest.BeforeDelete`, with its messages; the conflict names
+/// the Kind (it is built from the object's GroupVersionKind).
+fn before_delete_preconditions(
+    res: &'static Resource,
+    name: &str,
+    existing: &Value,
+    opts: &DeleteOptions,
+) -> Result<(), ApiError> {
+    let by_kind = Resource {
+        plural: res.kind,
+        ..*res
+    };
+    if let Some(uid) = opts.uid.as_deref()
+        && uid != meta_str(existing, "uid").unwrap_or("")
+    {
+        let mut e = ApiError::conflict(
+            &by_kind,
+            name,
+            &format!(
+                "the UID in the precondition ({uid}) does not match the UID in record ({}). The object might have been deleted and then recreated",
+                meta_str(existing, "uid").unwrap_or("")
+            ),
+        );
+        e.details = Some(json!({"name": name, "kind": res.kind, "group": res.group}));
+        return Err(e);
+    }
+    if let Some(rv) = opts.rv.as_deref()
+        && rv != meta_str(existing, "resourceVersion").unwrap_or("")
+    {
+        let mut e = ApiError::conflict(
+            &by_kind,
+            name,
+            &format!(
+                "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({}). The object might have been modified",
+                meta_str(existing, "resourceVersion").unwrap_or("")
+            ),
+        );
+        e.details = Some(json!({"name": name, "kind": res.kind, "group": res.group}));
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// `POST pods/{name}/eviction` (`pkg/registry/core/pod/storage/eviction.go`): with no
+/// PodDisruptionBudgets served, an eviction is the delete its `deleteOptions` describe;
+/// a pod already being deleted is a success. Answers 201 with a Success Status.
+pub fn evict(
+    st: &State,
+    res: &'static Resource,
+    ns: Option<String>,
+    name: String,
+    query: HashMap<String, String>,
+    user: auth::UserInfo,
+    body: Bytes,
+) -> Reply {
+    let ev: Value = if body.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the Eviction body could not be decoded as JSON: {e}"
+            ))
+        })?
+    };
+    if let Some(k) = ev.get("kind").and_then(Value::as_str)
+        && k != "Eviction"
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({k}) does not match the expected kind (Eviction)"
+        )));
+    }
+    if let Some(n) = meta_str(&ev, "name")
+        && n != name
+    {
+        return Err(ApiError::bad_request(
+            "name in URL does not match name in Eviction object",
+        ));
+    }
+    let opts = ev.get("deleteOptions").cloned().unwrap_or(json!({}));
+    let dreq = Request {
+        res,
+        sub: None,
+        ns,
+        name: Some(name.clone()),
+        query,
+        body: Bytes::from(serde_json::to_vec(&opts).unwrap_or_default()),
+        content_type: "application/json".into(),
+        user,
+        accept: "application/json".into(),
+    };
+    let (pns, pname) = scope(&dreq);
+    let terminating = match st.store.lock().get(res_index(res), &pns, &pname) {
+        None => return Err(ApiError::not_found(res, &name)),
+        Some(p) => p.pointer("/metadata/deletionTimestamp").is_some(),
+    };
+    if !terminating {
+        delete(st, &dreq)?;
+    }
+    Ok(json_response(
+        201,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
 }
 
 /// DELETE a collection: deletes every selected object; answers the list of them.

@@ -64,19 +64,27 @@ pub fn group(g: &str) -> Option<Value> {
 fn sub_entry(r: &Resource, sub: &str) -> Value {
     let (kind, verbs): (&str, &[&str]) = match sub {
         "status" => (r.kind, &["get", "patch", "update"]),
+        "binding" => ("Binding", &["create"]),
+        "eviction" => ("Eviction", &["create"]),
         "log" => ("Pod", &["get"]),
         "exec" => ("PodExecOptions", &["create", "get"]),
         "attach" => ("PodAttachOptions", &["create", "get"]),
         "portforward" => ("PodPortForwardOptions", &["create", "get"]),
         _ => (r.kind, &["get"]),
     };
-    json!({
+    let mut e = json!({
         "name": format!("{}/{sub}", r.plural),
         "singularName": "",
         "namespaced": r.namespaced,
         "kind": kind,
         "verbs": verbs,
-    })
+    });
+    if sub == "eviction" {
+        // kubectl drain reads the Eviction's group and version from here.
+        e["group"] = json!("policy");
+        e["version"] = json!("v1");
+    }
+    e
 }
 
 /// `/api/v1` or `/apis/<group>/<version>`.

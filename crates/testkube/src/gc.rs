@@ -138,33 +138,71 @@ pub fn pass(g: &mut Inner) -> bool {
             .pointer("/metadata/uid")
             .and_then(Value::as_str)
             .unwrap_or("");
-        let mut waiting = false;
+        // `processDeletingDependentsItem`: the owner waits only for dependents whose
+        // reference to it sets blockOwnerDeletion.
+        let mut blocked = false;
         for (didx, d) in &dependents {
-            if refs_of(d).iter().any(|r| r["uid"] == uid) {
-                waiting = true;
-                if d.pointer("/metadata/deletionTimestamp").is_none() {
-                    let (ns, name) = obj_key(d);
-                    let _ = delete_locked(
-                        g,
-                        &RESOURCES[*didx],
-                        &ns,
-                        &name,
-                        None,
-                        Some("Foreground"),
-                        false,
-                    );
-                    changed = true;
-                }
+            let refs = refs_of(d);
+            let Some(r) = refs.iter().find(|r| r["uid"] == uid) else {
+                continue;
+            };
+            if r.get("blockOwnerDeletion") == Some(&json!(true)) {
+                blocked = true;
             }
+            if d.pointer("/metadata/deletionTimestamp").is_some() {
+                continue;
+            }
+            let solid_other = refs
+                .iter()
+                .any(|o| o["uid"] != uid && owner_state(g, d, o) == OwnerState::Solid);
+            if solid_other {
+                // `attemptToDeleteItem`: another live owner keeps it; only this
+                // reference goes.
+                let mut nd = (**d).clone();
+                nd["metadata"]["ownerReferences"] =
+                    json!(refs.iter().filter(|o| o["uid"] != uid).collect::<Vec<_>>());
+                g.put(*didx, nd);
+            } else {
+                let (ns, name) = obj_key(d);
+                let _ = delete_locked(
+                    g,
+                    &RESOURCES[*didx],
+                    &ns,
+                    &name,
+                    None,
+                    Some("Foreground"),
+                    false,
+                );
+            }
+            changed = true;
         }
-        if !waiting {
+        if !blocked && !changed {
             put_or_remove(g, *idx, without_finalizer(owner, "foregroundDeletion"));
             return true;
         }
     }
+    if changed {
+        return true;
+    }
     for (didx, d) in &dependents {
         let refs = refs_of(d);
-        let gone = |uid: &str| g.was_removed(uid);
+        let states: Vec<(String, OwnerState)> = refs
+            .iter()
+            .map(|r| {
+                (
+                    r.get("uid")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string(),
+                    owner_state(g, d, r),
+                )
+            })
+            .collect();
+        let gone = |uid: &str| {
+            states
+                .iter()
+                .any(|(u, s)| u == uid && *s == OwnerState::Absent)
+        };
         match verdict(&refs, &gone) {
             Verdict::Keep => {}
             Verdict::Prune(live) => {
@@ -184,6 +222,50 @@ pub fn pass(g: &mut Inner) -> bool {
     }
     changed |= namespace_pass(g);
     changed
+}
+
+/// What the collector finds for one owner reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerState {
+    /// The owner exists and is not being deleted.
+    Solid,
+    /// The owner exists and is being deleted.
+    Deleting,
+    /// No object of that kind, name and uid exists (the reference dangles).
+    Absent,
+    /// The kind is not one the double serves: the collector cannot tell, and leaves it.
+    Unknown,
+}
+
+/// Looks an owner reference up as the collector does: by kind, name (in the dependent's
+/// namespace for namespaced owners) and uid, so a recreated owner is another owner.
+pub fn owner_state(g: &Inner, dependent: &Value, r: &Value) -> OwnerState {
+    let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("");
+    let Some(res) = crate::resources::find_kind(s("apiVersion"), s("kind")) else {
+        return if g.was_removed(s("uid")) {
+            OwnerState::Absent
+        } else {
+            OwnerState::Unknown
+        };
+    };
+    let ns = if res.namespaced {
+        dependent
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    } else {
+        ""
+    };
+    match g.get(res_index(res), ns, s("name")) {
+        Some(o) if o.pointer("/metadata/uid").and_then(Value::as_str) == Some(s("uid")) => {
+            if o.pointer("/metadata/deletionTimestamp").is_some() {
+                OwnerState::Deleting
+            } else {
+                OwnerState::Solid
+            }
+        }
+        _ => OwnerState::Absent,
+    }
 }
 
 /// The namespace controller: a terminating namespace loses its contents, then its
@@ -208,7 +290,9 @@ fn namespace_pass(g: &mut Inner) -> bool {
                 empty = false;
                 if o.pointer("/metadata/deletionTimestamp").is_none() {
                     let (ons, oname) = obj_key(&o);
-                    let _ = delete_locked(g, r, &ons, &oname, Some(0), None, false);
+                    // The namespace deleter uses default DeleteOptions: scheduled pods
+                    // terminate gracefully and the namespace waits for their kubelets.
+                    let _ = delete_locked(g, r, &ons, &oname, None, None, false);
                     changed = true;
                 }
             }

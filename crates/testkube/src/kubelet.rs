@@ -407,11 +407,11 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     } else {
         format!("{path}?{query}")
     });
-    let pairs = crate::proxy::parse_query(&query);
+    let pairs = crate::query::pairs(&query);
     let segs: Vec<String> = path
         .trim_start_matches('/')
         .split('/')
-        .map(crate::proxy::unescape)
+        .map(crate::query::unescape_path)
         .collect();
     let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
     match segs.as_slice() {

@@ -6,10 +6,16 @@
 //! this project depends on it: resourceVersions and conflicts, the status subresource
 //! strategies, merge/JSON/strategic patches, selectors, watches with bookmarks and 410,
 //! graceful pod deletion, finalizers, owner-reference garbage collection, the bootstrap
-//! token cleaner, and the kubelet proxy for `pods/log|exec|attach|portforward`.
+//! token cleaner and signer, a scheduler stand-in, eviction, and the kubelet proxy for `pods/log|exec|attach|portforward`.
 //! Tests inject faults ([`Fault`]) and read the request log ([`RequestRecord`]).
 //!
-//! Modules by concern: [`server`] (listener, TLS, routing), [`store`] (objects,
+//! Controllers kube-controller-manager and kube-scheduler would run, each opt-in on the
+//! [`Builder`]: the [`scheduler`] stand-in (and `pods/binding`), the [`bootstrap`] signer
+//! (and bootstrap-token authentication); plus `pods/eviction` for `kubectl drain`. Bodies
+//! are decoded through their `k8s-openapi` types ([`typed`]); [`query`] is the one query
+//! decoder; [`fixtures`] holds test helpers the project's suites share.
+//!
+//! Modules by concern: [`server`] (builder, listener, routing, controllers), [`store`] (objects,
 //! resourceVersions, the event window), [`resources`] (the served kinds), [`strategy`]
 //! (what create/update/delete do to objects), [`patch`], [`selector`], [`watch`], [`gc`],
 //! [`auth`], [`faults`], [`discovery`], [`kubeconfig`], [`tls`], [`table`] (server-side
@@ -19,8 +25,10 @@
 mod api;
 pub mod auth;
 pub mod body;
+pub mod bootstrap;
 pub mod discovery;
 pub mod faults;
+pub mod fixtures;
 pub mod gc;
 pub mod kubeconfig;
 pub mod kubelet;
@@ -28,7 +36,9 @@ pub mod patch;
 pub mod protobuf;
 pub mod proxy;
 mod proxy_seam;
+pub mod query;
 pub mod resources;
+pub mod scheduler;
 pub mod selector;
 pub mod server;
 pub mod status;
@@ -36,6 +46,7 @@ pub mod store;
 pub mod strategy;
 pub mod table;
 pub mod tls;
+pub mod typed;
 pub mod watch;
 
 pub use auth::{Attributes, UserInfo};

@@ -71,10 +71,15 @@ type ObjKey = (String, String);
 pub struct Inner {
     objects: Vec<BTreeMap<ObjKey, Arc<Value>>>,
     rv: u64,
-    events: VecDeque<Event>,
+    /// Retained change events, one window per resource (as the watch cache keeps one
+    /// per resource), each in rv order.
+    events: Vec<VecDeque<Event>>,
     window: usize,
-    /// A watch can resume from any rv >= floor: every event after it is retained.
-    floor: u64,
+    /// Per resource: a watch can resume from any rv >= floor, every later event of that
+    /// resource is retained.
+    floors: Vec<u64>,
+    /// Where the last compaction left every resource.
+    compacted: u64,
     uids: HashMap<String, (usize, ObjKey)>,
     tombstones: std::collections::HashSet<String>,
 }
@@ -105,9 +110,10 @@ impl Store {
             inner: Mutex::new(Inner {
                 objects: vec![BTreeMap::new(); RESOURCES.len()],
                 rv: 0,
-                events: VecDeque::new(),
+                events: vec![VecDeque::new(); RESOURCES.len()],
                 window: window.max(1),
-                floor: 0,
+                floors: vec![0; RESOURCES.len()],
+                compacted: 0,
                 uids: HashMap::new(),
                 tombstones: Default::default(),
             }),
@@ -139,9 +145,19 @@ impl Inner {
         self.rv
     }
 
-    /// The oldest resourceVersion a watch can resume from.
+    /// The oldest resourceVersion a watch of any resource can resume from.
     pub fn floor(&self) -> u64 {
-        self.floor
+        self.floors
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(self.compacted)
+    }
+
+    /// The oldest resourceVersion a watch of resource `res` can resume from.
+    pub fn floor_of(&self, res: usize) -> u64 {
+        self.floors[res].max(self.compacted)
     }
 
     /// One object.
@@ -259,10 +275,12 @@ impl Inner {
     }
 
     fn record(&mut self, ev: Event) {
-        self.events.push_back(ev);
-        while self.events.len() > self.window {
-            if let Some(old) = self.events.pop_front() {
-                self.floor = old.rv;
+        let res = ev.res;
+        let q = &mut self.events[res];
+        q.push_back(ev);
+        while q.len() > self.window {
+            if let Some(old) = q.pop_front() {
+                self.floors[res] = old.rv;
             }
         }
     }
@@ -270,37 +288,37 @@ impl Inner {
     /// Forgets every retained event, as an etcd compaction followed by a watch cache
     /// restart would: older resourceVersions now get 410.
     pub fn compact(&mut self) {
-        self.events.clear();
-        self.floor = self.rv;
+        for q in &mut self.events {
+            q.clear();
+        }
+        self.compacted = self.rv;
     }
 
-    /// Changes the retained window.
+    /// Changes the retained window (per resource).
     pub fn set_window(&mut self, window: usize) {
         self.window = window.max(1);
-        while self.events.len() > self.window {
-            if let Some(old) = self.events.pop_front() {
-                self.floor = old.rv;
+        for (res, q) in self.events.iter_mut().enumerate() {
+            while q.len() > self.window {
+                if let Some(old) = q.pop_front() {
+                    self.floors[res] = old.rv;
+                }
             }
         }
     }
 
     /// Events of resource `res` with rv > `since`, at most `max` of them, or TooOld.
     pub fn events_since(&self, res: usize, since: u64, max: usize) -> Result<Vec<Event>, TooOld> {
-        if since < self.floor {
+        let floor = self.floor_of(res);
+        if since < floor {
             return Err(TooOld {
                 requested: since,
-                oldest: self.floor,
+                oldest: floor,
             });
         }
+        let q = &self.events[res];
         // Events are in rv order: binary search the first one after `since`.
-        let start = self.events.partition_point(|e| e.rv <= since);
-        Ok(self
-            .events
-            .range(start..)
-            .filter(|e| e.res == res)
-            .take(max)
-            .cloned()
-            .collect())
+        let start = q.partition_point(|e| e.rv <= since);
+        Ok(q.range(start..).take(max).cloned().collect())
     }
 
     /// The state of resource `res` at resourceVersion `at`, rebuilt from the current
@@ -311,15 +329,17 @@ impl Inner {
         ns: Option<&str>,
         at: u64,
     ) -> Result<Vec<Arc<Value>>, TooOld> {
-        if at < self.floor || at > self.rv {
+        let floor = self.floor_of(res);
+        if at < floor || at > self.rv {
             return Err(TooOld {
                 requested: at,
-                oldest: self.floor,
+                oldest: floor,
             });
         }
         let mut state: BTreeMap<ObjKey, Arc<Value>> = self.objects[res].clone();
-        let start = self.events.partition_point(|e| e.rv <= at);
-        for ev in self.events.range(start..).rev().filter(|e| e.res == res) {
+        let q = &self.events[res];
+        let start = q.partition_point(|e| e.rv <= at);
+        for ev in q.range(start..).rev() {
             let k = obj_key(&ev.object);
             match &ev.prev {
                 Some(p) => {
@@ -389,6 +409,20 @@ mod tests {
         g.compact();
         assert!(g.events_since(3, 2, 10).is_err());
         assert!(g.events_since(3, 3, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn each_resource_keeps_its_own_window() {
+        let s = Store::new(2);
+        let mut g = s.lock();
+        g.put(3, cm("a"));
+        let before = g.rv();
+        for n in ["b", "c", "d"] {
+            g.put(4, cm(n));
+        }
+        // Three writes of another resource do not push resource 3's event out.
+        assert_eq!(g.events_since(3, before - 1, 10).unwrap().len(), 1);
+        assert!(g.events_since(4, before, 10).is_err());
     }
 
     #[test]

@@ -104,26 +104,296 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<Cause> {
                 ));
             }
         }
-        "secrets" => {
-            if let Some(data) = obj.get("data").and_then(Value::as_object) {
-                for (k, v) in data {
-                    let ok = v.as_str().is_some_and(|s| {
-                        use base64::Engine;
-                        base64::engine::general_purpose::STANDARD.decode(s).is_ok()
-                    });
-                    if !ok {
-                        causes.push(Cause::invalid(
-                            &format!("data[{k}]"),
-                            v,
-                            "must be base64-encoded bytes",
-                        ));
-                    }
+        "secrets" => validate_secret(obj, &mut causes),
+        "nodes" => validate_node(obj, &mut causes),
+        "configmaps" => validate_configmap(obj, &mut causes),
+        _ => {}
+    }
+    causes
+}
+
+/// The size limit of Secret and ConfigMap data (`MaxSecretSize`, `MaxConfigMapSize`).
+pub const MAX_DATA_SIZE: usize = 1024 * 1024;
+
+/// `IsConfigMapKey`: what is wrong with a data key, if anything.
+pub fn config_key_problem(k: &str) -> Option<String> {
+    if k.is_empty() || k.len() > 253 {
+        return Some("must be no more than 253 characters".into());
+    }
+    if !k
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+    {
+        return Some("a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')".into());
+    }
+    if k == "." {
+        return Some("must not be '.'".into());
+    }
+    if k == ".." {
+        return Some("must not be '..'".into());
+    }
+    if k.starts_with("..") {
+        return Some("must not start with '..'".into());
+    }
+    None
+}
+
+fn too_long(field: &str, max: usize) -> Cause {
+    Cause {
+        reason: "FieldValueTooLong",
+        field: field.into(),
+        message: format!("Too long: must have at most {max} bytes"),
+    }
+}
+
+fn decoded_len(v: &Value) -> usize {
+    use base64::Engine;
+    v.as_str()
+        .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+        .map_or(0, |b| b.len())
+}
+
+/// `ValidateSecret` (`pkg/apis/core/validation/validation.go`).
+fn validate_secret(obj: &Value, causes: &mut Vec<Cause>) {
+    let empty = serde_json::Map::new();
+    let data = obj.get("data").and_then(Value::as_object).unwrap_or(&empty);
+    let mut total = 0;
+    for (k, v) in data {
+        if let Some(problem) = config_key_problem(k) {
+            causes.push(Cause::invalid(&format!("data[{k}]"), &json!(k), &problem));
+        }
+        total += decoded_len(v);
+    }
+    if total > MAX_DATA_SIZE {
+        causes.push(too_long("data", MAX_DATA_SIZE));
+    }
+    let has = |k: &str| data.contains_key(k);
+    let ty = str_at(obj, "/type").unwrap_or("Opaque");
+    match ty {
+        "kubernetes.io/service-account-token"
+            if str_at(
+                obj,
+                "/metadata/annotations/kubernetes.io~1service-account.name",
+            )
+            .is_none_or(str::is_empty) =>
+        {
+            causes.push(Cause::required(
+                "metadata.annotations[kubernetes.io/service-account.name]",
+                "",
+            ));
+        }
+        "kubernetes.io/dockercfg" if !has(".dockercfg") => {
+            causes.push(Cause::required("data[.dockercfg]", ""));
+        }
+        "kubernetes.io/dockerconfigjson" if !has(".dockerconfigjson") => {
+            causes.push(Cause::required("data[.dockerconfigjson]", ""));
+        }
+        "kubernetes.io/basic-auth" if !has("username") && !has("password") => {
+            causes.push(Cause::required("data[username]", ""));
+            causes.push(Cause::required("data[password]", ""));
+        }
+        "kubernetes.io/ssh-auth" if !has("ssh-privatekey") => {
+            causes.push(Cause::required("data[ssh-privatekey]", ""));
+        }
+        "kubernetes.io/tls" => {
+            for k in ["tls.crt", "tls.key"] {
+                if !has(k) {
+                    causes.push(Cause::required(&format!("data[{k}]"), ""));
                 }
             }
         }
         _ => {}
     }
+}
+
+/// `ValidateConfigMap`.
+fn validate_configmap(obj: &Value, causes: &mut Vec<Cause>) {
+    let mut total = 0;
+    let mut seen = std::collections::BTreeSet::new();
+    for field in ["data", "binaryData"] {
+        let Some(m) = obj.get(field).and_then(Value::as_object) else {
+            continue;
+        };
+        for (k, v) in m {
+            if let Some(problem) = config_key_problem(k) {
+                causes.push(Cause::invalid(
+                    &format!("{field}[{k}]"),
+                    &json!(k),
+                    &problem,
+                ));
+            }
+            if !seen.insert(k.clone()) {
+                causes.push(Cause::invalid(
+                    &format!("{field}[{k}]"),
+                    &json!(k),
+                    "duplicate of key present in data",
+                ));
+            }
+            total += if field == "data" {
+                v.as_str().map_or(0, str::len)
+            } else {
+                decoded_len(v)
+            };
+        }
+    }
+    if total > MAX_DATA_SIZE {
+        causes.push(too_long("", MAX_DATA_SIZE));
+    }
+}
+
+/// Kind-specific update rules (`ValidateSecretUpdate`, `ValidateConfigMapUpdate`,
+/// `ValidateNodeUpdate`, `ValidateRoleBindingUpdate`).
+pub fn validate_kind_update(res: &Resource, new: &Value, old: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let immutable_set = old.get("immutable") == Some(&json!(true));
+    match res.plural {
+        "secrets" | "configmaps" => {
+            if res.plural == "secrets" && new.get("type") != old.get("type") {
+                causes.push(Cause::invalid(
+                    "type",
+                    new.get("type").unwrap_or(&Value::Null),
+                    "field is immutable",
+                ));
+            }
+            if immutable_set {
+                if new.get("immutable") != old.get("immutable") {
+                    causes.push(Cause::forbidden(
+                        "immutable",
+                        "field is immutable when `immutable` is set",
+                    ));
+                }
+                let fields: &[&str] = if res.plural == "secrets" {
+                    &["data"]
+                } else {
+                    &["data", "binaryData"]
+                };
+                for f in fields {
+                    let norm = |v: Option<&Value>| {
+                        v.filter(|v| v.as_object().is_some_and(|m| !m.is_empty()))
+                            .cloned()
+                    };
+                    if norm(new.get(*f)) != norm(old.get(*f)) {
+                        causes.push(Cause::forbidden(
+                            f,
+                            "field is immutable when `immutable` is set",
+                        ));
+                    }
+                }
+            }
+        }
+        "nodes" => validate_node_update(new, old, &mut causes),
+        "rolebindings" | "clusterrolebindings" if new.get("roleRef") != old.get("roleRef") => {
+            causes.push(Cause::invalid(
+                "roleRef",
+                new.get("roleRef").unwrap_or(&Value::Null),
+                "cannot change roleRef",
+            ));
+        }
+        _ => {}
+    }
     causes
+}
+
+/// `ValidateNodeUpdate` and `ValidateNode`: no duplicate addresses, `podCIDRs` and
+/// `providerID` fixed once set, taints well-formed and unique by key and effect.
+fn validate_node_update(new: &Value, old: &Value, causes: &mut Vec<Cause>) {
+    let old_cidrs = old.pointer("/spec/podCIDRs").and_then(Value::as_array);
+    if let Some(oc) = old_cidrs.filter(|c| !c.is_empty())
+        && new.pointer("/spec/podCIDRs").and_then(Value::as_array) != Some(oc)
+    {
+        causes.push(Cause::forbidden(
+            "spec.podCIDRs",
+            "node updates may not change podCIDR except from \"\" to valid",
+        ));
+    }
+    if let Some(op) = str_at(old, "/spec/providerID").filter(|p| !p.is_empty())
+        && str_at(new, "/spec/providerID") != Some(op)
+    {
+        causes.push(Cause::forbidden(
+            "spec.providerID",
+            "node updates may not change providerID except from \"\" to valid",
+        ));
+    }
+}
+
+/// `ValidateNode` parts that apply to every write: unique addresses, taints.
+fn validate_node(obj: &Value, causes: &mut Vec<Cause>) {
+    if let Some(addrs) = obj.pointer("/status/addresses").and_then(Value::as_array) {
+        let mut seen = Vec::new();
+        for (i, a) in addrs.iter().enumerate() {
+            let key = (a.get("type").cloned(), a.get("address").cloned());
+            if seen.contains(&key) {
+                causes.push(Cause {
+                    reason: "FieldValueDuplicate",
+                    field: format!("status.addresses[{i}]"),
+                    message: format!(
+                        "Duplicate value: {}",
+                        json!({"type": key.0, "address": key.1})
+                    ),
+                });
+            }
+            seen.push(key);
+        }
+    }
+    if let Some(taints) = obj.pointer("/spec/taints").and_then(Value::as_array) {
+        let mut seen = Vec::new();
+        for (i, t) in taints.iter().enumerate() {
+            let key = str_at(t, "/key").unwrap_or("");
+            let effect = str_at(t, "/effect").unwrap_or("");
+            if key.is_empty() {
+                causes.push(Cause::required(&format!("spec.taints[{i}].key"), ""));
+            } else if !is_qualified_name(key) {
+                causes.push(Cause::invalid(
+                    &format!("spec.taints[{i}].key"),
+                    &json!(key),
+                    "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                ));
+            }
+            if let Some(v) = str_at(t, "/value").filter(|v| !v.is_empty())
+                && !is_label_value(v)
+            {
+                causes.push(Cause::invalid(
+                    &format!("spec.taints[{i}].value"),
+                    &json!(v),
+                    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+                ));
+            }
+            match effect {
+                "NoSchedule" | "PreferNoSchedule" | "NoExecute" => {}
+                "" => causes.push(Cause::required(&format!("spec.taints[{i}].effect"), "")),
+                other => causes.push(Cause {
+                    reason: "FieldValueNotSupported",
+                    field: format!("spec.taints[{i}].effect"),
+                    message: format!("Unsupported value: \"{other}\": supported values: \"NoSchedule\", \"PreferNoSchedule\", \"NoExecute\""),
+                }),
+            }
+            if seen.contains(&(key, effect)) {
+                causes.push(Cause {
+                    reason: "FieldValueDuplicate",
+                    field: format!("spec.taints[{i}]"),
+                    message: "Duplicate value: taints must be unique by key and effect pair".into(),
+                });
+            }
+            seen.push((key, effect));
+        }
+    }
+}
+
+fn is_label_value(v: &str) -> bool {
+    v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && v.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
+        && v.as_bytes().last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// A qualified name (`prefix/name` with a DNS subdomain prefix).
+fn is_qualified_name(k: &str) -> bool {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    prefix.is_none_or(is_dns_subdomain) && !name.is_empty() && is_label_value(name)
 }
 
 fn validate_pod(obj: &Value, causes: &mut Vec<Cause>) {
@@ -368,24 +638,33 @@ pub fn prepare_create(res: &Resource, obj: &mut Value) {
     }
 }
 
-/// Metadata rules of every update (`rest.BeforeUpdate`): uid, creationTimestamp,
-/// generation, deletionTimestamp and deletionGracePeriodSeconds come from the stored
-/// object unless the request sets them (and a changed one is rejected by
-/// [`validate_meta_update`]).
+/// Metadata rules of every update (`rest.BeforeUpdate`): the uid when the request has
+/// none, the creationTimestamp, the generation and an existing deletionTimestamp always
+/// come from the stored object (a request changing them is silently overridden, not
+/// refused), and an existing deletionGracePeriodSeconds when the request has none.
 pub fn carry_system_meta(new: &mut Value, old: &Value) {
-    for field in [
-        "uid",
-        "creationTimestamp",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-    ] {
-        if new
-            .pointer(&format!("/metadata/{field}"))
-            .is_none_or(Value::is_null)
-            && let Some(v) = old.pointer(&format!("/metadata/{field}"))
-        {
+    let old_meta = |f: &str| {
+        old.pointer(&format!("/metadata/{f}"))
+            .filter(|v| !v.is_null())
+    };
+    let new_has = |n: &Value, f: &str| {
+        n.pointer(&format!("/metadata/{f}"))
+            .is_some_and(|v| !v.is_null() && v != "")
+    };
+    if !new_has(new, "uid")
+        && let Some(v) = old_meta("uid")
+    {
+        new["metadata"]["uid"] = v.clone();
+    }
+    for field in ["creationTimestamp", "deletionTimestamp"] {
+        if let Some(v) = old_meta(field) {
             new["metadata"][field] = v.clone();
         }
+    }
+    if !new_has(new, "deletionGracePeriodSeconds")
+        && let Some(v) = old_meta("deletionGracePeriodSeconds")
+    {
+        new["metadata"]["deletionGracePeriodSeconds"] = v.clone();
     }
     match old.pointer("/metadata/generation") {
         Some(g) => new["metadata"]["generation"] = g.clone(),
@@ -397,14 +676,87 @@ pub fn carry_system_meta(new: &mut Value, old: &Value) {
     }
 }
 
+/// `metav1.Time` fields (second precision) of the served kinds, by field name.
+const TIME_FIELDS: &[&str] = &[
+    "creationTimestamp",
+    "deletionTimestamp",
+    "lastTransitionTime",
+    "lastProbeTime",
+    "lastHeartbeatTime",
+    "lastUpdateTime",
+    "startTime",
+    "startedAt",
+    "finishedAt",
+    "timeAdded",
+    "firstTimestamp",
+    "lastTimestamp",
+    "expirationTimestamp",
+];
+
+/// `metav1.MicroTime` fields (microsecond precision).
+const MICRO_TIME_FIELDS: &[&str] = &["acquireTime", "renewTime", "eventTime", "lastObservedTime"];
+
+/// Parses every time field as RFC 3339 (any offset, fractional seconds allowed, as Go's
+/// `time.Parse(time.RFC3339, ...)`) and writes it back the way `metav1.Time` and
+/// `metav1.MicroTime` marshal: UTC `Z`, seconds or microseconds. A value that does not
+/// parse is an error naming the field (kube-apiserver cannot decode such a body: 400).
+pub fn normalize_times(v: &mut Value) -> Result<(), String> {
+    normalize_at(v, "")
+}
+
+fn normalize_at(v: &mut Value, path: &str) -> Result<(), String> {
+    match v {
+        Value::Object(m) => {
+            for (k, val) in m.iter_mut() {
+                let here = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                let micro = MICRO_TIME_FIELDS.contains(&k.as_str());
+                if TIME_FIELDS.contains(&k.as_str()) || micro {
+                    match val {
+                        Value::Null => {}
+                        Value::String(s) if s.is_empty() => *val = Value::Null,
+                        Value::String(s) => {
+                            let t =
+                                chrono::DateTime::parse_from_rfc3339(s.trim()).map_err(|e| {
+                                    format!("{here}: cannot parse {s:?} as an RFC 3339 time: {e}")
+                                })?;
+                            let utc = t.with_timezone(&chrono::Utc);
+                            *val = Value::String(if micro {
+                                utc.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+                            } else {
+                                utc.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+                            });
+                        }
+                        other => {
+                            return Err(format!(
+                                "{here}: expected an RFC 3339 time string, got {other}"
+                            ));
+                        }
+                    }
+                } else {
+                    normalize_at(val, &here)?;
+                }
+            }
+        }
+        Value::Array(a) => {
+            for item in a {
+                normalize_at(item, path)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Immutable metadata on update (`ValidateObjectMetaUpdate`).
 pub fn validate_meta_update(new: &Value, old: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
-    for field in [
-        "creationTimestamp",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-    ] {
+    // creationTimestamp and an existing deletionTimestamp were carried over; what is left
+    // to refuse is setting a deletionTimestamp or grace period the object does not have.
+    for field in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
         let p = format!("/metadata/{field}");
         let (n, o) = (new.pointer(&p), old.pointer(&p));
         if n.filter(|v| !v.is_null()) != o.filter(|v| !v.is_null()) {
@@ -581,6 +933,14 @@ pub fn decide_delete(
     out["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
     if !finalizers.is_empty() {
         out["metadata"]["finalizers"] = json!(finalizers);
+    }
+    // `rest.BeforeDelete`: setting (or shortening) the deletion bumps a tracked generation.
+    if let Some(g) = obj
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .filter(|g| *g > 0)
+    {
+        out["metadata"]["generation"] = json!(g + 1);
     }
     DeleteOutcome::Update(out)
 }

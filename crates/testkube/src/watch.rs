@@ -67,17 +67,22 @@ impl WatchSpec {
     }
 
     /// What a watcher with this selection sees of a change: an object leaving the
-    /// selection is DELETED for it, one entering it ADDED.
-    pub fn translate<'a>(&self, ev: &'a Event) -> Option<(EventType, &'a Arc<Value>)> {
+    /// selection is DELETED for it, carrying the last state that matched with the
+    /// event's resourceVersion (the cacher's `convertToWatchEvent`); one entering it ADDED.
+    pub fn translate(&self, ev: &Event) -> Option<(EventType, Arc<Value>)> {
         let now = self.selects(&ev.object);
         let before = ev.prev.as_ref().is_some_and(|p| self.selects(p));
         match ev.kind {
-            EventType::Added => now.then_some((EventType::Added, &ev.object)),
-            EventType::Deleted => before.then_some((EventType::Deleted, &ev.object)),
+            EventType::Added => now.then(|| (EventType::Added, ev.object.clone())),
+            EventType::Deleted => before.then(|| (EventType::Deleted, ev.object.clone())),
             EventType::Modified => match (before, now) {
-                (true, true) => Some((EventType::Modified, &ev.object)),
-                (true, false) => Some((EventType::Deleted, &ev.object)),
-                (false, true) => Some((EventType::Added, &ev.object)),
+                (true, true) => Some((EventType::Modified, ev.object.clone())),
+                (true, false) => {
+                    let mut last = ev.prev.as_deref().cloned().unwrap_or(Value::Null);
+                    last["metadata"]["resourceVersion"] = Value::String(ev.rv.to_string());
+                    Some((EventType::Deleted, Arc::new(last)))
+                }
+                (false, true) => Some((EventType::Added, ev.object.clone())),
                 (false, false) => None,
             },
         }
@@ -199,7 +204,7 @@ async fn run(store: Arc<Store>, spec: WatchSpec, tx: mpsc::Sender<Bytes>) {
             let full = events.len() == 1000;
             for ev in &events {
                 if let Some((kind, obj)) = spec.translate(ev) {
-                    emit(&mut buf, &spec, &mut first, kind.as_str(), obj);
+                    emit(&mut buf, &spec, &mut first, kind.as_str(), &obj);
                 }
                 last = ev.rv;
                 if buf.len() > FLUSH_AT && !send(&tx, &mut buf).await {
@@ -300,8 +305,14 @@ mod tests {
             None
         );
         assert_eq!(
-            t(&ev(EventType::Deleted, Some(web.clone()), web)),
+            t(&ev(EventType::Deleted, Some(web.clone()), web.clone())),
             Some(EventType::Deleted)
         );
+        // Leaving: the last state that matched, at the event's resourceVersion.
+        let (_, obj) = s
+            .translate(&ev(EventType::Modified, Some(web), db))
+            .unwrap();
+        assert_eq!(obj["metadata"]["labels"]["app"], "web");
+        assert_eq!(obj["metadata"]["resourceVersion"], "2");
     }
 }

@@ -37,6 +37,24 @@ fn api_err(e: kube::Error) -> kube::core::Status {
     }
 }
 
+/// A JSON request over the admin client, without retries: (status, body).
+pub(crate) async fn json_req(
+    s: &ApiServer,
+    method: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let (code, _, v) = raw(
+        s,
+        method,
+        path,
+        "application/json",
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    (code, v)
+}
+
 #[tokio::test]
 async fn resource_version_changes_on_every_write() {
     let s = ApiServer::start().await.unwrap();
@@ -348,4 +366,73 @@ async fn delete_collection_removes_the_selected_objects() {
         .find(|r| r.verb == "deletecollection")
         .unwrap();
     assert!(rec.is_write());
+}
+
+/// `staging/src/k8s.io/apiserver/pkg/registry/rest/update.go` (`BeforeUpdate`): uid,
+/// creationTimestamp, generation and an existing deletionTimestamp are kept from the
+/// stored object, silently.
+#[tokio::test]
+async fn update_keeps_system_metadata_silently() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let mut held = cm("a");
+    held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    let created = api.create(&PostParams::default(), &held).await.unwrap();
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    let deleting = api.get("a").await.unwrap();
+    let ts = deleting.metadata.deletion_timestamp.clone().unwrap();
+    let mut body = serde_json::to_value(&deleting).unwrap();
+    body["metadata"]["creationTimestamp"] = json!("2001-01-01T00:00:00Z");
+    body["metadata"]["deletionTimestamp"] = json!("2002-02-02T00:00:00Z");
+    body["metadata"]["generation"] = json!(42);
+    body["metadata"]["uid"] = json!(null);
+    body["data"] = json!({"k": "changed"});
+    let got: ConfigMap = api
+        .replace(
+            "a",
+            &PostParams::default(),
+            &serde_json::from_value(body).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        got.metadata.creation_timestamp,
+        created.metadata.creation_timestamp
+    );
+    assert_eq!(got.metadata.deletion_timestamp, Some(ts));
+    assert_eq!(got.metadata.uid, created.metadata.uid);
+    assert_eq!(got.metadata.generation, created.metadata.generation);
+    assert_eq!(got.data.unwrap()["k"], "changed");
+}
+
+/// `staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/time.go`: any RFC 3339 value
+/// parses (python clients send `+00:00`), and it comes back in UTC `Z` at second
+/// precision; `micro_time.go` keeps microseconds. A value that is not a time is 400.
+#[tokio::test]
+async fn times_parse_as_rfc3339_and_come_back_normalized() {
+    let s = ApiServer::start().await.unwrap();
+    let body = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
+        "status": {"conditions": [{"type": "Ready", "status": "True",
+            "lastHeartbeatTime": "2024-05-01T12:00:00.123456+02:00",
+            "lastTransitionTime": "2024-05-01T10:00:00+00:00"}]}});
+    let (code, got) = json_req(&s, "POST", "/api/v1/nodes", body).await;
+    assert_eq!(code, 201, "{got}");
+    let c = &got["status"]["conditions"][0];
+    assert_eq!(c["lastHeartbeatTime"], "2024-05-01T10:00:00Z");
+    assert_eq!(c["lastTransitionTime"], "2024-05-01T10:00:00Z");
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "l"}, "spec": {"renewTime": "2024-05-01T12:00:00.5+02:00"}});
+    let (code, got) = json_req(
+        &s,
+        "POST",
+        "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+        lease,
+    )
+    .await;
+    assert_eq!(code, 201, "{got}");
+    assert_eq!(got["spec"]["renewTime"], "2024-05-01T10:00:00.500000Z");
+    let bad = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "m"},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "yesterday"}]}});
+    let (code, got) = json_req(&s, "POST", "/api/v1/nodes", bad).await;
+    assert_eq!(code, 400, "{got}");
 }

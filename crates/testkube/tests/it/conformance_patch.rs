@@ -150,6 +150,14 @@ async fn unsupported_patch_types_are_415() {
         (code, body["reason"].as_str()),
         (415, Some("UnsupportedMediaType"))
     );
+    // The refusal names the gap rather than looking like a client mistake.
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("server-side apply is not implemented by this API double"),
+        "{body}"
+    );
 }
 
 #[tokio::test]
@@ -270,4 +278,49 @@ async fn tables_are_served_to_clients_that_ask_for_them() {
         (Some("n1"), Some("Unknown"), Some("control-plane"))
     );
     assert_eq!(body["rows"][0]["object"]["metadata"]["name"], "n1");
+}
+
+/// `apimachinery/pkg/util/strategicpatch/patch.go` with the `patchMergeKey` of
+/// `PodSpec.SchedulingGates` (`name`) in `k8s.io/api/core/v1/types.go`.
+#[tokio::test]
+async fn strategic_merge_patch_delete_directive_removes_only_the_named_scheduling_gate() {
+    let s = ApiServer::start().await.unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(s.client(), "default");
+    let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "g"}, "spec": {
+            "containers": [{"name": "c", "image": "busybox:1.36"}],
+            "schedulingGates": [{"name": "example.com/a"}, {"name": "example.com/b"}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let got = pods
+        .patch(
+            "g",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"schedulingGates": [
+                {"name": "example.com/a", "$patch": "delete"}]}})),
+        )
+        .await
+        .unwrap();
+    let gates: Vec<String> = got
+        .spec
+        .unwrap()
+        .scheduling_gates
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    assert_eq!(gates, ["example.com/b"]);
+    // A list element without its merge key is refused, not stored.
+    let err = pods
+        .patch(
+            "g",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"schedulingGates": [{"$patch": "delete"}]}})),
+        )
+        .await
+        .unwrap_err();
+    match err {
+        kube::Error::Api(st) => assert_eq!(st.code, 422, "{st:?}"),
+        other => panic!("{other}"),
+    }
 }

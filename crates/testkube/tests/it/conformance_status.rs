@@ -116,9 +116,15 @@ async fn pod_create_resets_status_and_marks_gated_pods() {
 async fn pods_status_drops_a_new_deletion_timestamp_and_keeps_owner_references() {
     let s = ApiServer::start().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(s.client(), "default");
+    // A real owner: the collector deletes dependents of owners that do not exist.
+    let owner = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(s.client(), "default")
+        .create(&PostParams::default(), &crate::conformance::cm("owner"))
+        .await
+        .unwrap();
+    let owner_uid = owner.metadata.uid.unwrap();
     let mut p = serde_json::to_value(pod("p", Some("n1"))).unwrap();
     p["metadata"]["ownerReferences"] =
-        json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": "u-1"}]);
+        json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner_uid}]);
     pods.create(&PostParams::default(), &serde_json::from_value(p).unwrap())
         .await
         .unwrap();
@@ -135,7 +141,7 @@ async fn pods_status_drops_a_new_deletion_timestamp_and_keeps_owner_references()
         .await
         .unwrap();
     assert!(got.metadata.deletion_timestamp.is_none());
-    assert_eq!(got.metadata.owner_references.unwrap()[0].uid, "u-1");
+    assert_eq!(got.metadata.owner_references.unwrap()[0].uid, owner_uid);
     assert_eq!(got.metadata.labels.unwrap()["l"], "v");
     assert_eq!(got.spec.unwrap().node_name.as_deref(), Some("n1"));
     assert_eq!(got.status.unwrap().phase.as_deref(), Some("Running"));

@@ -108,9 +108,93 @@ async fn a_watch_with_a_selector_sees_objects_leave_as_deletions() {
         .unwrap()
         .unwrap()
     {
-        WatchEvent::Deleted(c) => assert_eq!(name(&c), "a"),
+        WatchEvent::Deleted(c) => {
+            // `staging/src/k8s.io/apiserver/pkg/storage/cacher/cache_watcher.go`
+            // (`convertToWatchEvent`): the last state that matched, at the event's
+            // resourceVersion.
+            assert_eq!(name(&c), "a");
+            assert_eq!(c.metadata.labels.unwrap()["app"], "web");
+            let v = api.get("a").await.unwrap().metadata.resource_version;
+            assert_eq!(c.metadata.resource_version, v);
+        }
         other => panic!("expected DELETED, got {other:?}"),
     }
+}
+
+/// `staging/src/k8s.io/apiserver/pkg/storage/cacher/watch_cache.go`
+/// (`waitUntilFreshAndBlock`): a watch from a resourceVersion the store has not reached
+/// is an error (504 Too large resource version), not a silent wait.
+#[tokio::test]
+async fn a_watch_from_a_resource_version_ahead_of_the_store_is_an_error() {
+    let s = ApiServer::start().await.unwrap();
+    let ahead = s.resource_version() + 1000;
+    let (code, _, body) = crate::conformance::raw(
+        &s,
+        "GET",
+        &format!("/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={ahead}"),
+        "application/json",
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(code, 504, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Too large resource version"),
+        "{body}"
+    );
+}
+
+/// The watch cache keeps one window per resource (`cacher.go`, one `watchCache` per
+/// resource): changes to other kinds do not expire a resource's resourceVersions.
+#[tokio::test]
+async fn the_event_window_is_per_resource() {
+    let s = ApiServer::builder().event_window(3).start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let first = api
+        .create(&PostParams::default(), &cm("a"))
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(s.client(), "default");
+    for i in 0..6 {
+        let sec: k8s_openapi::api::core::v1::Secret =
+            serde_json::from_value(json!({"metadata": {"name": format!("s{i}")}})).unwrap();
+        secrets.create(&PostParams::default(), &sec).await.unwrap();
+    }
+    api.create(&PostParams::default(), &cm("b")).await.unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default(), &first)
+        .await
+        .unwrap()
+        .boxed();
+    match tokio::time::timeout(LIMIT, stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+    {
+        WatchEvent::Added(c) => assert_eq!(name(&c), "b"),
+        other => panic!("expected ADDED b, got {other:?}"),
+    }
+    // The secrets' own window did move past that version.
+    let mut stream = secrets
+        .watch(&WatchParams::default(), &first)
+        .await
+        .unwrap()
+        .boxed();
+    let ev = tokio::time::timeout(LIMIT, stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(ev, WatchEvent::Error(ref st) if st.code == 410),
+        "{ev:?}"
+    );
 }
 
 #[tokio::test]

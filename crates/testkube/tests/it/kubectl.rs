@@ -335,6 +335,97 @@ async fn kubectl_journey(version: &str, expect_exec: &str, expect_port_forward: 
     server.shutdown().await;
 }
 
+/// `kubectl drain` against the double: cordon, then `pods/eviction`
+/// (`pkg/registry/core/pod/storage/eviction.go`) for each pod, waiting until a kubelet
+/// (played here) completes the graceful deletions.
+async fn kubectl_drain(version: &str) {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{DeleteParams, ListParams, Preconditions};
+    let server = ApiServer::start().await.unwrap();
+    let kubectl = Kubectl {
+        bin: kubectl_bin(version),
+        kubeconfig: server.kubeconfig_path().to_path_buf(),
+    };
+    let nodes: Api<Node> = Api::all(server.client());
+    nodes
+        .create(
+            &PostParams::default(),
+            &testkube::fixtures::kubelet_node("n1", 1),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    for name in ["a", "b"] {
+        let p: Pod = serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "busybox:1.36"}]}}))
+        .unwrap();
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    // The kubelet: completes graceful deletions of its pods.
+    let all: Api<Pod> = Api::all(server.client());
+    let kubelet = tokio::spawn(async move {
+        loop {
+            if let Ok(list) = all.list(&ListParams::default()).await {
+                for p in list.items {
+                    if p.metadata.deletion_timestamp.is_some() {
+                        let dp = DeleteParams {
+                            grace_period_seconds: Some(0),
+                            preconditions: Some(Preconditions {
+                                uid: p.metadata.uid.clone(),
+                                resource_version: None,
+                            }),
+                            ..Default::default()
+                        };
+                        let ns = p.metadata.namespace.clone().unwrap();
+                        let api: Api<Pod> = Api::namespaced(all.clone().into_client(), &ns);
+                        let _ = api.delete(p.metadata.name.as_deref().unwrap(), &dp).await;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let out = kubectl
+        .ok(&[
+            "drain",
+            "n1",
+            "--force",
+            "--ignore-daemonsets",
+            "--timeout=50s",
+        ])
+        .await;
+    assert!(out.contains("drained"), "{out}");
+    kubelet.abort();
+    assert_eq!(
+        nodes.get("n1").await.unwrap().spec.unwrap().unschedulable,
+        Some(true)
+    );
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let evictions = server
+        .requests()
+        .iter()
+        .filter(|r| r.subresource.as_deref() == Some("eviction") && r.code == 201)
+        .count();
+    assert_eq!(evictions, 2, "one eviction per pod");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_1_27_drains_a_node_through_pods_eviction() {
+    kubectl_drain("1.27").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_1_32_drains_a_node_through_pods_eviction() {
+    kubectl_drain("1.32").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_1_27_speaks_spdy_through_the_proxy() {
     kubectl_journey(

@@ -58,3 +58,52 @@ async fn serve_writes_a_usable_kubeconfig_and_stops_on_sigint() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// `testkube serve --pki-dir D` serves with the cluster CA of a
+/// `stratum-server certs generate` directory: the kubeconfig pins that CA and works.
+#[tokio::test]
+async fn serve_with_pki_dir_uses_the_cluster_ca() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let pki_dir = dir.path().join("pki");
+    pki::generate_shared(&pki_dir, false).unwrap();
+    let kc = dir.path().join("kubeconfig");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_testkube"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--pki-dir"])
+        .arg(&pki_dir)
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    testkube::fixtures::eventually_within(
+        "serve writes its kubeconfig",
+        Duration::from_secs(20),
+        async || kc.exists(),
+    )
+    .await;
+    let parsed = kube::config::Kubeconfig::read_from(&kc).unwrap();
+    let pinned = parsed.clusters[0]
+        .cluster
+        .as_ref()
+        .unwrap()
+        .certificate_authority_data
+        .clone()
+        .unwrap();
+    assert_eq!(
+        base64::engine::general_purpose::STANDARD
+            .decode(pinned)
+            .unwrap(),
+        std::fs::read(pki_dir.join("ca.crt")).unwrap()
+    );
+    let config = kube::Config::from_custom_kubeconfig(parsed, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    Api::<Namespace>::all(client)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    child.kill().await.unwrap();
+}
