@@ -6,6 +6,8 @@
 //!   in the same run. Figures are recorded by hand in `docs/benchmarks.md`.
 //! - `cargo xtask fuzz [target] [--seconds N]`: each fuzz target under fuzz/ briefly
 //!   (nightly and cargo-fuzz; see docs/fuzzing.md).
+//! - `cargo xtask mutants [crate]`: cargo-mutants over the pure cores (see docs/testing.md);
+//!   too slow for CI, run by hand and recorded.
 
 use std::process::{Command, ExitCode};
 
@@ -39,7 +41,48 @@ enum Task {
         /// One target (see `cargo fuzz list` in fuzz/); all of them when omitted.
         target: Option<String>,
     },
+    /// Mutation testing of the pure cores with cargo-mutants (installed if missing).
+    Mutants {
+        /// One crate (see --list); every pure core when omitted.
+        krate: Option<String>,
+        /// List the crates and the files mutated in each.
+        #[arg(long)]
+        list: bool,
+        /// Seconds one mutant's tests may take before it counts as a timeout.
+        #[arg(long, default_value_t = 180)]
+        timeout: u64,
+    },
 }
+
+/// The pure cores mutation testing covers: (crate, files). Each file holds decisions that
+/// the crate's own tests must guard; a missed mutant there is a missing test.
+const MUTANT_CORES: &[(&str, &[&str])] = &[
+    (
+        "nodeaddr",
+        &[
+            "crates/nodeaddr/src/derive.rs",
+            "crates/nodeaddr/src/plan.rs",
+            "crates/nodeaddr/src/routing.rs",
+        ],
+    ),
+    (
+        "ha",
+        &[
+            "crates/ha/src/grants/envelope.rs",
+            "crates/ha/src/grants/plan.rs",
+            "crates/ha/src/etcd/rules.rs",
+        ],
+    ),
+    ("hostnode", &["crates/hostnode/src/mountinfo.rs"]),
+    ("health", &["crates/health/src/readiness.rs"]),
+    (
+        "testkube",
+        &[
+            "crates/testkube/src/strategy.rs",
+            "crates/testkube/src/patch.rs",
+        ],
+    ),
+];
 
 /// Every benchmark: (name, package, bench target, what it measures).
 const BENCHES: &[(&str, &str, &str, &str)] = &[
@@ -121,6 +164,67 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cargo(&["bench", "-p", package, "--bench", target])
         }
         Task::Fuzz { seconds, target } => fuzz(seconds, target),
+        Task::Mutants { list: true, .. } => {
+            for (krate, files) in MUTANT_CORES {
+                println!("{krate:<10} {}", files.join(" "));
+            }
+            Ok(())
+        }
+        Task::Mutants { krate, timeout, .. } => mutants(krate.as_deref(), timeout),
+    }
+}
+
+/// Runs cargo-mutants over the pure cores (or one crate's), testing each mutant with the
+/// mutated crate's own tests under nextest. Two jobs: the machines have two cores.
+fn mutants(only: Option<&str>, timeout: u64) -> anyhow::Result<()> {
+    let cores: Vec<_> = MUTANT_CORES
+        .iter()
+        .filter(|(krate, _)| only.is_none_or(|o| o == *krate))
+        .collect();
+    if cores.is_empty() {
+        bail!("no pure core named {only:?}; `cargo xtask mutants --list` lists them");
+    }
+    let installed = Command::new("cargo")
+        .args(["mutants", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        eprintln!("xtask: installing cargo-mutants (cargo install cargo-mutants --locked)");
+        cargo(&["install", "cargo-mutants", "--locked"])?;
+    }
+    let timeout = timeout.to_string();
+    let mut failed = Vec::new();
+    for (krate, files) in cores {
+        let out_dir = format!("target/mutants/{krate}");
+        let mut args = vec![
+            "mutants",
+            "--package",
+            krate,
+            "--test-tool",
+            "nextest",
+            "--jobs",
+            "2",
+            "--timeout",
+            &timeout,
+            "--output",
+            &out_dir,
+        ];
+        for file in *files {
+            args.extend(["--file", file]);
+        }
+        eprintln!("xtask: mutants in {krate}: {}", files.join(", "));
+        // cargo-mutants exits 2 when a mutant was missed: report it and go on.
+        if cargo(&args).is_err() {
+            failed.push(*krate);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!(
+            "missed or unviable mutants in {}: see target/mutants/<crate>/mutants.out/missed.txt",
+            failed.join(", ")
+        )
     }
 }
 

@@ -8,11 +8,13 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use anyhow::Context;
 use hostnode::backend::{HostBackend, IsolationBackend, SlotRef};
 use hostnode::configure::{self, Applied};
 use hostnode::goalstate::{AgentConfig, MachineGoalState};
+use hostnode::lock::NodeLock;
 use hostnode::phases::{self, BoxError, PhaseError, Progress, Task, func};
 use hostnode::runner::{Cmd, HostRunner, RunError, Runner};
 use hostnode::snapshot::{self, Snapshot};
@@ -32,8 +34,9 @@ pub enum Command {
     /// interface.
     Reset(Args),
     /// Save the shared configuration, write the one --config asks for, restart what
-    /// changed; on any failure put the saved configuration back.
-    Upgrade(Args),
+    /// changed and wait for the kubelet to settle (active, answering its healthz); on any
+    /// failure put the saved configuration back.
+    Upgrade(UpgradeArgs),
     /// Print the goal state and whether each unit runs. Exit 0 when the stack runs, 3
     /// when it does not, 1 when it cannot be asked.
     Status(StatusArgs),
@@ -61,6 +64,29 @@ pub struct Args {
     /// The mount table to read (default /proc/self/mountinfo).
     #[arg(long, value_name = "FILE")]
     pub mountinfo: Option<PathBuf>,
+    /// How long one host command (systemctl, ip, umount) may run before it is killed and
+    /// the phase fails.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub command_timeout_seconds: u64,
+}
+
+/// Flags of `outpost-agent node upgrade`.
+#[derive(Debug, clap::Args)]
+pub struct UpgradeArgs {
+    #[command(flatten)]
+    common: Args,
+    /// After a restart, how long the kubelet has to become active and answer its healthz
+    /// endpoint (healthzBindAddress:healthzPort of its configuration) before the upgrade
+    /// is rolled back.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    settle_seconds: u64,
+    /// How long the kubelet must then stay active and healthy (a kubelet that starts and
+    /// crashes on the new configuration is caught here).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=600))]
+    settle_hold_seconds: u64,
 }
 
 /// Flags of `outpost-agent node status`.
@@ -83,11 +109,34 @@ pub enum Output {
 }
 
 pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
+    // Commands that change the host take the node lock for their whole run: two at once
+    // (an upgrade and a reset) would undo each other's steps. Status only reads.
+    let locked = |args: &Args, name: &str| -> anyhow::Result<(Node, NodeLock)> {
+        let node = Node::new(args)?;
+        let lock = NodeLock::acquire(node.root(), &format!("node {name}"))?;
+        Ok((node, lock))
+    };
     match cmd {
-        Command::Up(args) => up(&Node::new(&args)?).await,
-        Command::Down(args) => down(&Node::new(&args)?).await,
-        Command::Reset(args) => reset(&Node::new(&args)?).await,
-        Command::Upgrade(args) => upgrade(&Node::new(&args)?).await,
+        Command::Up(args) => {
+            let (node, _lock) = locked(&args, "up")?;
+            up(&node).await
+        }
+        Command::Down(args) => {
+            let (node, _lock) = locked(&args, "down")?;
+            down(&node).await
+        }
+        Command::Reset(args) => {
+            let (node, _lock) = locked(&args, "reset")?;
+            reset(&node).await
+        }
+        Command::Upgrade(args) => {
+            let (node, _lock) = locked(&args.common, "upgrade")?;
+            let settle = Settle {
+                timeout: Duration::from_secs(args.settle_seconds),
+                hold: Duration::from_secs(args.settle_hold_seconds),
+            };
+            upgrade(&node, settle).await
+        }
         Command::Status(args) => status(&Node::new(&args.common)?, args.output).await,
     }
 }
@@ -108,7 +157,8 @@ impl Node {
             })?),
             None => HostRoot::real(),
         };
-        let mut runner = HostRunner::new();
+        let mut runner =
+            HostRunner::new().with_timeout(Duration::from_secs(args.command_timeout_seconds));
         if let Some(systemctl) = &args.systemctl {
             tracing::warn!(systemctl = %systemctl.display(), "systemctl substituted (test/dev hook)");
             runner = runner.with_program("systemctl", systemctl);
@@ -264,7 +314,7 @@ fn stop_task<'a>(node: &'a Node, goal: &'a OnceLock<MachineGoalState>) -> Task<'
         let g = get(goal, "the goal state")?;
         // Kubelet first: it must not see its runtime vanish and start evicting.
         for unit in g.node_start.units().iter().rev() {
-            node.systemctl(&["stop", unit]).await?;
+            node.systemctl(&["stop", "--", unit]).await?;
         }
         Ok::<_, BoxError>(())
     })
@@ -300,15 +350,21 @@ async fn up(node: &Node) -> anyhow::Result<ExitCode> {
                 // Those are the running pods' volumes, not stale ones.
                 return Ok::<_, BoxError>(());
             }
-            // What a previous stack left below the kubelet directory; the directory's
-            // own mount stays, since the new pods' mounts propagate through it.
-            let dir = node.root().kubelet_dir();
-            hostnode::unmount::unmount_strictly_below(
+            // What a previous stack left below the kubelet directory (resolved first, as
+            // the mount table names real paths); the directory's own mount stays, since
+            // the new pods' mounts propagate through it.
+            let Some(dir) = hostnode::resolve_kubelet_dir(node.root())? else {
+                return Ok::<_, BoxError>(());
+            };
+            if let Some(stuck) = hostnode::unmount_kubelet_dir(
+                &dir,
                 &*node.hooks.mounter(),
                 node.hooks.mount_info.as_deref(),
-                std::slice::from_ref(&dir),
             )
-            .await?;
+            .await?
+            {
+                return Err(stuck.into());
+            }
             Ok::<_, BoxError>(())
         }),
         local_dns_network_task(node, &goal),
@@ -318,13 +374,13 @@ async fn up(node: &Node) -> anyhow::Result<ExitCode> {
             if *get(&was_running, "whether the stack runs")? {
                 // Already up: a start would not reread the configuration.
                 hostnode::restart_changed(&a.units, true, |unit| async move {
-                    node.systemctl(&["restart", &unit]).await
+                    node.systemctl(&["restart", "--", &unit]).await
                 })
                 .await
                 .map_err(|e| hostnode::error_chain(&e))?;
             } else {
                 for unit in g.node_start.units() {
-                    node.systemctl(&["start", &unit]).await?;
+                    node.systemctl(&["start", "--", &unit]).await?;
                 }
             }
             Ok::<_, BoxError>(())
@@ -370,34 +426,43 @@ async fn down(node: &Node) -> anyhow::Result<ExitCode> {
 async fn reset(node: &Node) -> anyhow::Result<ExitCode> {
     let goal = OnceLock::new();
     let stuck: OnceLock<Option<PrefixError>> = OnceLock::new();
-    let kubelet_dir = node.root().kubelet_dir();
+    let resolved: OnceLock<Option<PathBuf>> = OnceLock::new();
     let tasks = vec![
         resolve_task(node, &goal),
         stop_task(node, &goal),
         func("unmount-kubelet-dir", || async {
-            let mut failed = hostnode::unmount::unmount_below_by_prefix(
+            // Resolved first: the mount table names real paths, and a kubelet directory
+            // that is itself a symlink is refused here, naming it.
+            let Some(dir) = hostnode::resolve_kubelet_dir(node.root())? else {
+                println!("node reset: no kubelet directory");
+                set(&resolved, None);
+                set(&stuck, None);
+                return Ok::<_, BoxError>(());
+            };
+            let failure = hostnode::unmount_kubelet_dir(
+                &dir,
                 &*node.hooks.mounter(),
                 node.hooks.mount_info.as_deref(),
-                std::slice::from_ref(&kubelet_dir),
             )
             .await?;
-            let failure = failed.remove(&kubelet_dir);
             if let Some(err) = &failure {
                 // Keep going: what did unmount can still be removed; the last phase
                 // fails the reset.
                 println!("node reset: {err}; those mounts and their contents are kept");
             }
+            set(&resolved, Some(dir));
             set(&stuck, failure);
             Ok::<_, BoxError>(())
         }),
         func("remove-kubelet-state", || async {
-            // The table as it is now, after the unmounts: only it says what is safe.
-            let table = hostnode::mountinfo::read(node.hooks.mount_info.as_deref())?;
-            let report = hostnode::remove::remove_contents(&kubelet_dir, &table)?;
+            let Some(dir) = get(&resolved, "the kubelet directory")? else {
+                return Ok::<_, BoxError>(());
+            };
+            let report = hostnode::remove_kubelet_state(dir, node.hooks.mount_info.as_deref())?;
             println!(
                 "node reset: removed {} entries below {}, kept {} mount(s)",
                 report.removed,
-                kubelet_dir.display(),
+                dir.display(),
                 report.kept.len()
             );
             Ok::<_, BoxError>(())
@@ -430,12 +495,20 @@ async fn reset(node: &Node) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn upgrade(node: &Node) -> anyhow::Result<ExitCode> {
+/// How an upgrade waits for the restarted kubelet.
+#[derive(Clone, Copy, Debug)]
+struct Settle {
+    timeout: Duration,
+    hold: Duration,
+}
+
+async fn upgrade(node: &Node, settle: Settle) -> anyhow::Result<ExitCode> {
     let snapshot_dir = node.hooks.snapshot_dir(SNAPSHOT_NAME);
     let goal = OnceLock::new();
     let applied = OnceLock::new();
     let was_running = OnceLock::new();
     let snap: Mutex<Option<Snapshot>> = Mutex::new(None);
+    let any_restarted = OnceLock::new();
     let tasks = vec![
         func("recover", || async {
             // A complete snapshot here means an earlier upgrade died before finishing or
@@ -467,13 +540,14 @@ async fn upgrade(node: &Node) -> anyhow::Result<ExitCode> {
             let a = get(&applied, "the configuration change")?;
             let running = *get(&was_running, "whether the stack runs")?;
             let restarted = hostnode::restart_changed(&a.units, running, |unit| async move {
-                node.systemctl(&["restart", &unit]).await
+                node.systemctl(&["restart", "--", &unit]).await
             })
             .await
             .map_err(|e| hostnode::error_chain(&e))?;
             if !restarted.is_empty() {
                 println!("node upgrade: restarted {}", restarted.join(", "));
             }
+            set(&any_restarted, !restarted.is_empty());
             Ok::<_, BoxError>(())
         }),
         func("await-local-dns", || async {
@@ -481,6 +555,29 @@ async fn upgrade(node: &Node) -> anyhow::Result<ExitCode> {
                 let g = get(&goal, "the goal state")?;
                 node.hooks.await_local_dns(&g.node_start).await?;
             }
+            Ok::<_, BoxError>(())
+        }),
+        func("settle", || async {
+            // `systemctl restart` exiting 0 only says systemd started the process: the
+            // kubelet must come up on the new configuration and stay up.
+            if !*get(&any_restarted, "whether anything was restarted")? {
+                return Ok::<_, BoxError>(());
+            }
+            let g = get(&goal, "the goal state")?;
+            let healthz = hostnode::settle::healthz_addr(&g.node_start.kubelet.config);
+            hostnode::settle::settle_kubelet(
+                &*node.runner,
+                &g.node_start.kubelet.unit,
+                healthz,
+                settle.timeout,
+                settle.hold,
+            )
+            .await?;
+            println!(
+                "node upgrade: {} settled{}",
+                g.node_start.kubelet.unit,
+                healthz.map_or(String::new(), |a| format!(" (healthz on {a})"))
+            );
             Ok::<_, BoxError>(())
         }),
     ];
@@ -541,7 +638,7 @@ async fn rollback(
             problems.push(hostnode::error_chain(&e));
         }
         if let Err(e) = hostnode::restart_changed(&a.units, was_running, |unit| async move {
-            node.systemctl(&["restart", &unit]).await
+            node.systemctl(&["restart", "--", &unit]).await
         })
         .await
         {

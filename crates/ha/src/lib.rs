@@ -9,6 +9,7 @@
 //! the first controller publishes), [`nodestate`] (what a node persists) and
 //! [`operator`] (grant pruning and certificate-key age).
 
+pub mod admins;
 pub mod assembly;
 pub mod bootstrap;
 pub mod discovery;

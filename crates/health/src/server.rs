@@ -1,6 +1,7 @@
 //! The listener: readiness state the agent reports into, the background data-plane check,
 //! and the HTTP/1.1 accept loop.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
@@ -18,7 +19,6 @@ use hyper::service::Service;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
@@ -52,9 +52,11 @@ pub struct Tuning {
     /// A connection that has not delivered a complete request head within this time is
     /// closed (slowloris). Default 5 s, well above any kubelet probe timeout.
     pub header_read_timeout: Duration,
-    /// Connections served at once. Beyond it, new connections are closed at once rather
-    /// than queued, so a flood costs the agent a file descriptor for microseconds, not a
-    /// task each. Default 64: the kubelet needs one or two.
+    /// Connections served at once. A connection accepted beyond it evicts the oldest open
+    /// one (closed at once), so clients that hold every slot cannot starve the kubelet's
+    /// probes: a new probe connection always gets in, and a flood of new connections
+    /// costs the agent no more than this many tasks. Default 64: the kubelet needs one or
+    /// two.
     pub max_connections: usize,
     /// Any connection, however busy, is asked to close after this long, so a client that
     /// keeps one alive (or stops reading responses) cannot hold a slot forever. Default 60 s.
@@ -193,10 +195,11 @@ impl Server {
         let service = Probes {
             inner: self.inner.clone(),
         };
-        let permits = Arc::new(Semaphore::new(tuning.max_connections));
         let mut connections = JoinSet::new();
-        // Connections refused since the limit was hit; logged as one line per burst.
-        let mut refused = 0usize;
+        // Open connections, oldest first, each with the token that evicts it.
+        let mut live: VecDeque<(tokio::task::Id, CancellationToken)> = VecDeque::new();
+        // Connections evicted since the limit was hit; logged as one line per burst.
+        let mut evicted = 0usize;
         let mut saturated = false;
         // Accept errors come in streaks (out of file descriptors): one warning per streak.
         let mut accept_failing = false;
@@ -205,12 +208,17 @@ impl Server {
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
-                Some(done) = connections.join_next(), if !connections.is_empty() => {
-                    if let Err(err) = done
-                        && err.is_panic()
-                    {
-                        error!(%err, "a health connection task panicked");
-                    }
+                Some(done) = connections.join_next_with_id(), if !connections.is_empty() => {
+                    let id = match done {
+                        Ok((id, ())) => id,
+                        Err(err) => {
+                            if err.is_panic() {
+                                error!(%err, "a health connection task panicked");
+                            }
+                            err.id()
+                        }
+                    };
+                    live.retain(|(live_id, _)| *live_id != id);
                 }
                 accepted = listener.accept() => {
                     let (stream, peer) = match accepted {
@@ -231,35 +239,37 @@ impl Server {
                             }
                         }
                     };
-                    let Ok(permit) = permits.clone().try_acquire_owned() else {
-                        drop(stream);
-                        refused += 1;
+                    if live.len() >= tuning.max_connections {
+                        // Full: the oldest connection makes room. A probe connection is
+                        // answered within microseconds of its request, so what is oldest is
+                        // a client holding a slot, not a probe.
+                        if let Some((_, evict)) = live.pop_front() {
+                            evict.cancel();
+                        }
+                        evicted += 1;
                         if !saturated {
                             warn!(
                                 limit = tuning.max_connections,
-                                "health listener at its connection limit; closing new connections until some finish"
+                                "health listener at its connection limit; closing the oldest connection for each new one"
                             );
                             saturated = true;
                         }
-                        continue;
-                    };
-                    if saturated {
-                        info!(
-                            refused,
-                            "health listener below its connection limit again"
-                        );
+                    } else if saturated && live.len() + 1 < tuning.max_connections {
+                        info!(evicted, "health listener below its connection limit again");
                         saturated = false;
-                        refused = 0;
+                        evicted = 0;
                     }
-                    connections.spawn(serve_connection(
+                    let evict = CancellationToken::new();
+                    let handle = connections.spawn(serve_connection(
                         builder.clone(),
                         stream,
                         peer,
                         service.clone(),
                         cancel.clone(),
                         tuning.clone(),
-                        permit,
+                        evict.clone(),
                     ));
+                    live.push_back((handle.id(), evict));
                 }
             }
         }
@@ -506,13 +516,18 @@ async fn serve_connection(
     service: Probes,
     cancel: CancellationToken,
     tuning: Tuning,
-    _permit: OwnedSemaphorePermit,
+    evict: CancellationToken,
 ) {
     let conn = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     tokio::select! {
         result = conn.as_mut() => {
             log_connection_end(peer, result, &tuning);
+            return;
+        }
+        () = evict.cancelled() => {
+            // Dropped at once: the slot is needed now.
+            debug!(%peer, "health connection evicted to make room for a new one");
             return;
         }
         () = cancel.cancelled() => {}

@@ -58,7 +58,7 @@ impl<R: Runner> HostBackend<R> {
     }
 
     async fn state(&self, unit: &str) -> Result<String, BackendError> {
-        let cmd = Cmd::new("systemctl", ["is-active", unit]);
+        let cmd = Cmd::new("systemctl", ["is-active", "--", unit]);
         let out = self
             .runner
             .output(&cmd)
@@ -151,8 +151,8 @@ mod tests {
         assert_eq!(
             runner.commands(),
             [
-                "systemctl is-active containerd.service",
-                "systemctl is-active kubelet.service"
+                "systemctl is-active -- containerd.service",
+                "systemctl is-active -- kubelet.service"
             ]
         );
     }
@@ -161,7 +161,7 @@ mod tests {
     async fn one_inactive_is_not_running() {
         let runner = RecordingRunner::new();
         runner.respond(
-            &["systemctl", "is-active", "kubelet.service"],
+            &["systemctl", "is-active", "--", "kubelet.service"],
             CmdOutput {
                 code: Some(3),
                 stdout: "inactive\n".into(),

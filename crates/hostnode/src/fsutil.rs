@@ -4,9 +4,9 @@
 //! renaming it over the target and syncing the directory: after a crash the target holds
 //! either the old bytes or the new ones, never a torn mix.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// A file operation failed.
@@ -39,29 +39,57 @@ pub fn temp_path(path: &Path) -> PathBuf {
 
 /// Replaces `path` with `contents` atomically, with permission bits `mode` and, when
 /// given, owner `(uid, gid)`. Missing parent directories are created (mode 0755).
+///
+/// The directory is opened once; the temporary file is created (`O_EXCL | O_NOFOLLOW`),
+/// renamed over the target and the directory synced, all relative to that descriptor, so
+/// nothing planted at either name, and no directory swapped on the way between the steps,
+/// redirects the write.
 pub fn write_atomic(
     path: &Path,
     contents: &[u8],
     mode: u32,
     owner: Option<(u32, u32)>,
 ) -> Result<(), FsError> {
+    use rustix::fs::{AtFlags, Mode, OFlags};
+    let errno = |op: &'static str, p: &Path| {
+        let p = p.to_path_buf();
+        move |e: rustix::io::Errno| FsError {
+            op,
+            path: p,
+            source: std::io::Error::from(e),
+        }
+    };
     let dir = path.parent().unwrap_or(Path::new("/"));
+    let Some(name) = path.file_name() else {
+        return Err(FsError {
+            op: "write",
+            path: path.to_path_buf(),
+            source: std::io::Error::other("not a file name"),
+        });
+    };
     std::fs::create_dir_all(dir).map_err(fs_err("create directory", dir))?;
+    let dir_fd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(errno("open directory", dir))?;
     let tmp = temp_path(path);
-    match std::fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fs_err("remove stale temporary file", &tmp)(e)),
+    let tmp_name = tmp.file_name().unwrap_or(name);
+    match rustix::fs::unlinkat(&dir_fd, tmp_name, AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(errno("remove stale temporary file", &tmp)(e)),
     }
     {
         // O_EXCL + O_NOFOLLOW: never write through something planted at the temp name.
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&tmp)
-            .map_err(fs_err("create", &tmp))?;
+        let fd = rustix::fs::openat(
+            &dir_fd,
+            tmp_name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(errno("create", &tmp))?;
+        let mut file = File::from(fd);
         file.write_all(contents).map_err(fs_err("write", &tmp))?;
         if let Some((uid, gid)) = owner {
             std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
@@ -72,8 +100,9 @@ pub fn write_atomic(
             .map_err(fs_err("chmod", &tmp))?;
         file.sync_all().map_err(fs_err("sync", &tmp))?;
     }
-    std::fs::rename(&tmp, path).map_err(fs_err("rename into place", path))?;
-    sync_dir(dir)
+    rustix::fs::renameat(&dir_fd, tmp_name, &dir_fd, name)
+        .map_err(errno("rename into place", path))?;
+    rustix::fs::fsync(&dir_fd).map_err(errno("sync directory", dir))
 }
 
 /// Removes `path` if it exists (not a directory) and syncs its directory.

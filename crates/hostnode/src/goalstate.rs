@@ -163,8 +163,8 @@ impl AuthMode {
     }
 }
 
-/// Bootstrap token authentication.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Bootstrap token authentication. `Debug` leaves the token's secret half out.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BootstrapToken {
     /// The API server URL.
@@ -175,12 +175,34 @@ pub struct BootstrapToken {
     pub ca_file: PathBuf,
 }
 
-/// A kubeconfig given in full.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A kubeconfig given in full. `Debug` leaves the contents (client keys, tokens) out.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubeconfigAuth {
     /// The kubeconfig's contents.
     pub content: String,
+}
+
+impl std::fmt::Debug for BootstrapToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let id = self.token.split_once('.').map_or("?", |(id, _)| id);
+        f.debug_struct("BootstrapToken")
+            .field("api_server", &self.api_server)
+            .field("token", &format_args!("{id}.<redacted>"))
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for KubeconfigAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeconfigAuth")
+            .field(
+                "content",
+                &format_args!("<redacted, {} bytes>", self.content.len()),
+            )
+            .finish()
+    }
 }
 
 /// Exec credential plugin authentication.
@@ -342,13 +364,14 @@ pub enum GoalStateError {
         source: std::io::Error,
     },
     /// The configuration is not valid YAML of the expected shape.
-    #[error("agent configuration {} is not valid", path.display())]
+    #[error("agent configuration {} is not valid: {reason}", path.display())]
     Parse {
         /// The file.
         path: PathBuf,
-        /// The parser's message (it names the field and position).
-        #[source]
-        source: serde_yaml::Error,
+        /// The parser's message: the field path, what was expected and the position.
+        /// Values from the file are left out (a misshapen `auth` block would otherwise
+        /// be echoed, bootstrap token and all).
+        reason: String,
     },
     /// A field has a value that cannot work.
     #[error("agent configuration: {field}: {reason}")]
@@ -381,9 +404,9 @@ impl AgentConfig {
     /// Parses and validates configuration text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self, GoalStateError> {
         let config: AgentConfig =
-            serde_yaml::from_str(text).map_err(|source| GoalStateError::Parse {
+            serde_yaml::from_str(text).map_err(|err| GoalStateError::Parse {
                 path: path.to_path_buf(),
-                source,
+                reason: redact_values(&err.to_string()),
             })?;
         config.validate()?;
         Ok(config)
@@ -396,8 +419,14 @@ impl AgentConfig {
                 reason: reason.into(),
             })
         };
-        if self.node_name.is_empty() {
-            return invalid("nodeName", "must not be empty");
+        if let Err(why) = check_dns_subdomain(&self.node_name) {
+            // Rendered into the kubelet's unit drop-in: a newline would add a directive.
+            return invalid("nodeName", &why);
+        }
+        for (field, unit) in self.unit_names() {
+            if let Err(why) = check_unit_name(unit) {
+                return invalid(&field, &why);
+            }
         }
         if !self.kubelet.config.is_null() && !self.kubelet.config.is_mapping() {
             return invalid(
@@ -408,7 +437,9 @@ impl AgentConfig {
         let slot_args = self.slots.values().flat_map(|s| s.extra_args.iter());
         if let Some(arg) = self.kubelet.extra_args.iter().chain(slot_args).find(|a| {
             a.is_empty()
-                || a.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\' || c == '%')
+                || a.contains(|c: char| {
+                    c.is_whitespace() || c.is_control() || c == '"' || c == '\\' || c == '%'
+                })
         }) {
             // The flags end up in a systemd Environment= line, which would split or
             // reinterpret them.
@@ -459,9 +490,150 @@ impl AgentConfig {
                     "must be 1-15 characters, no '/' or spaces",
                 );
             }
+            if dns.interface.starts_with('-')
+                || !dns
+                    .interface
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+                || dns.interface == "."
+                || dns.interface == ".."
+            {
+                return invalid(
+                    "localDNS.interface",
+                    "use letters, digits, '-', '_' and '.' only, not starting with '-'",
+                );
+            }
+            if dns.port == 0 {
+                return invalid("localDNS.port", "must be 1-65535");
+            }
+            if dns.ready_timeout_seconds == 0
+                || dns.ready_timeout_seconds > MAX_READY_TIMEOUT_SECONDS
+            {
+                return invalid(
+                    "localDNS.readyTimeoutSeconds",
+                    &format!("must be 1-{MAX_READY_TIMEOUT_SECONDS}"),
+                );
+            }
+            if dns.probe_name.is_empty()
+                || dns.probe_name.len() > 255
+                || dns
+                    .probe_name
+                    .contains(|c: char| c.is_whitespace() || c.is_control())
+            {
+                return invalid(
+                    "localDNS.probeName",
+                    "must be a DNS name (1-255 characters, no spaces or control characters)",
+                );
+            }
         }
         Ok(())
     }
+}
+
+/// The longest LocalDNS readiness wait a configuration may ask for (one hour).
+pub const MAX_READY_TIMEOUT_SECONDS: u64 = 3600;
+
+impl AgentConfig {
+    /// Every systemd unit name the configuration sets, with its field.
+    fn unit_names(&self) -> Vec<(String, &str)> {
+        let mut units = vec![
+            ("kubelet.unit".to_string(), self.kubelet.unit.as_str()),
+            ("containerd.unit".to_string(), self.containerd.unit.as_str()),
+        ];
+        for (slot, spec) in &self.slots {
+            if let Some(u) = &spec.kubelet_unit {
+                units.push((format!("slots.{slot}.kubeletUnit"), u));
+            }
+            if let Some(u) = &spec.containerd_unit {
+                units.push((format!("slots.{slot}.containerdUnit"), u));
+            }
+        }
+        units
+    }
+}
+
+/// Checks a systemd service unit name: it becomes a path below the unit directory
+/// (`<unit>.d/`) and an argument of `systemctl`, so it must be a plain unit name:
+/// `name.service` (or `name@instance.service`), at most 255 bytes, of ASCII letters,
+/// digits and `:-_.@`, not starting with `-` or `.`. No `/`, no `..`.
+pub fn check_unit_name(unit: &str) -> Result<(), String> {
+    let Some(stem) = unit.strip_suffix(".service") else {
+        return Err(format!(
+            "{unit:?} is not a systemd service unit name: write it in full, e.g. kubelet.service"
+        ));
+    };
+    if stem.is_empty()
+        || unit.len() > 255
+        || unit.starts_with(['-', '.'])
+        || unit.contains("..")
+        || !unit
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'-' | b'_' | b'.' | b'@'))
+    {
+        return Err(format!(
+            "{unit:?} is not a systemd unit name: use letters, digits and \":-_.@\", ending in .service, no '/' or \"..\""
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a Kubernetes node name: a DNS-1123 subdomain (at most 253 characters of
+/// lowercase letters, digits, `-` and `.`, each dot-separated label starting and ending
+/// with a letter or digit).
+pub fn check_dns_subdomain(name: &str) -> Result<(), String> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!(
+            "{name:?} is not a valid node name: a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', at most 253 characters, starting and ending with a letter or digit)"
+        ));
+    }
+    Ok(())
+}
+
+/// A parser message with the values of the input left out: a double-quoted value
+/// becomes `<value>`, a back-quoted name stays only when it looks like a field name
+/// (ASCII letters, digits, `_`, `-`; at most 40 characters).
+fn redact_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                let mut escaped = false;
+                for d in chars.by_ref() {
+                    match d {
+                        '\\' if !escaped => escaped = true,
+                        '"' if !escaped => break,
+                        _ => escaped = false,
+                    }
+                }
+                out.push_str("<value>");
+            }
+            '`' => {
+                let name: String = chars.by_ref().take_while(|d| *d != '`').collect();
+                let field_like = !name.is_empty()
+                    && name.len() <= 40
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                if field_like {
+                    out.push('`');
+                    out.push_str(&name);
+                    out.push('`');
+                } else {
+                    out.push_str("<value>");
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 fn valid_token(token: &str) -> bool {
@@ -677,5 +849,143 @@ slots:
             AgentConfig::parse(&ex, Path::new("a")).unwrap().auth.name(),
             "exec-credential"
         );
+    }
+
+    #[test]
+    fn unit_names_and_node_names_are_checked_at_load() {
+        for (from, to, field) in [
+            (
+                "nodeName: worker-1",
+                "nodeName: \"worker-1\\nExecStartPre=/bin/sh -c id\"",
+                "nodeName",
+            ),
+            ("nodeName: worker-1", "nodeName: Worker_1", "nodeName"),
+            ("nodeName: worker-1", "nodeName: \"\"", "nodeName"),
+            (
+                "kubeletUnit: kubelet-blue.service",
+                "kubeletUnit: ../../../../escape.service",
+                "slots.blue.kubeletUnit",
+            ),
+            (
+                "kubeletUnit: kubelet-blue.service",
+                "kubeletUnit: kubelet-blue",
+                "slots.blue.kubeletUnit",
+            ),
+            (
+                "kubeletUnit: kubelet-blue.service",
+                "kubeletUnit: \"--force.service\"",
+                "slots.blue.kubeletUnit",
+            ),
+            (
+                "extraArgs: [--v=2]",
+                "extraArgs: [\"--v=2\\u0007\"]",
+                "kubelet.extraArgs",
+            ),
+            (
+                "listeners: [169.254.20.10]",
+                "listeners: [169.254.20.10]\n  interface: \"-x\"",
+                "localDNS.interface",
+            ),
+            (
+                "listeners: [169.254.20.10]",
+                "listeners: [169.254.20.10]\n  readyTimeoutSeconds: 18446744073709551615",
+                "localDNS.readyTimeoutSeconds",
+            ),
+        ] {
+            let text = CONFIG.replace(from, to);
+            assert_ne!(text, CONFIG, "{to}");
+            let err = AgentConfig::parse(&text, Path::new("a.yaml")).unwrap_err();
+            assert!(err.to_string().contains(field), "{to}: {err}");
+        }
+        let unit = CONFIG.replace(
+            "slots:",
+            "containerd:\n  unit: containerd@x.service\nslots:",
+        );
+        let unit = unit.replace("containerd:\n  config: |\n    version = 2\n", "");
+        AgentConfig::parse(&unit, Path::new("a.yaml")).unwrap();
+        check_dns_subdomain("ip-10-0-0-1.eu-west-1.compute.internal").unwrap();
+        assert!(check_dns_subdomain("a..b").is_err());
+        assert!(check_dns_subdomain(&"a".repeat(254)).is_err());
+    }
+
+    /// Issue 17: a misshapen `auth` block must not echo the bootstrap token in the
+    /// parse error (field paths only), and `Debug` of the configuration leaves secrets
+    /// out.
+    #[test]
+    fn secrets_stay_out_of_parse_errors_and_debug() {
+        let secret = "0123456789abcdef";
+        let full = "  bootstrapToken:\n    apiServer: https://10.0.0.1:6443\n    token: abcdef.0123456789abcdef\n    caFile: /etc/kubernetes/pki/ca.crt\n";
+        for (from, to, path) in [
+            (
+                full,
+                "  bootstrapToken: abcdef.0123456789abcdef\n",
+                "auth.bootstrapToken",
+            ),
+            ("auth:\n", "auth: abcdef.0123456789abcdef\nx:\n", "auth"),
+            (
+                "    caFile: /etc/kubernetes/pki/ca.crt\n",
+                "    caFile: /etc/kubernetes/pki/ca.crt\n    abcdef.0123456789abcdef: 1\n",
+                "auth.bootstrapToken",
+            ),
+            (
+                "    token: abcdef.0123456789abcdef\n",
+                "    token: \"abcdef.0123456789abcdef\\\"x\"\n    bad: 1\n",
+                "auth.bootstrapToken",
+            ),
+        ] {
+            let text = CONFIG.replace(from, to);
+            assert_ne!(text, CONFIG);
+            let err = AgentConfig::parse(&text, Path::new("a.yaml")).unwrap_err();
+            let msg = crate::error_chain(&err);
+            assert!(!msg.contains(secret), "{msg}");
+            assert!(msg.contains(path) && msg.contains("line "), "{msg}");
+        }
+        let kc = CONFIG.replace(
+            full,
+            "  kubeconfig:\n    content: \"client-key-data: c2VjcmV0\"\n",
+        );
+        for config in [config(), AgentConfig::parse(&kc, Path::new("a")).unwrap()] {
+            let debug = format!("{config:?} {:?}", resolve_machine(&config, "").unwrap());
+            assert!(
+                !debug.contains(secret) && !debug.contains("c2VjcmV0"),
+                "{debug}"
+            );
+        }
+        assert!(format!("{:?}", config().auth).contains("abcdef.<redacted>"));
+    }
+
+    /// The fuzz target `agent_config`'s invariants over every one-character insertion
+    /// into the sample configuration: whatever still loads renders a three-line drop-in
+    /// without control characters, and unit paths without `..`.
+    #[test]
+    fn no_accepted_configuration_renders_an_injected_drop_in() {
+        let mut accepted = 0;
+        for (at, _) in CONFIG.char_indices() {
+            for c in ['\n', '\r', '\t', '"', '%', '/', '.', '\u{0}', '\u{85}', ' '] {
+                let mut text = CONFIG.to_string();
+                text.insert(at, c);
+                let Ok(config) = AgentConfig::parse(&text, Path::new("a")) else {
+                    continue;
+                };
+                accepted += 1;
+                for slot in ["", "blue"] {
+                    let Ok(goal) = resolve_machine(&config, slot) else {
+                        continue;
+                    };
+                    for file in crate::configure::render(&goal.node_start) {
+                        assert!(!file.path.contains(".."), "{text}: {}", file.path);
+                        if file.unit_file {
+                            let body = String::from_utf8(file.contents.unwrap()).unwrap();
+                            assert_eq!(body.lines().count(), 3, "{text:?}: {body:?}");
+                            assert!(
+                                !body.chars().any(|c| c.is_control() && c != '\n'),
+                                "{text:?}: {body:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(accepted > 100, "only {accepted} variants loaded");
     }
 }

@@ -191,6 +191,6 @@ mod tests {
         assert_eq!(err.to_string(), "worker-1 not ready");
         // The cleanup is not hooked here, so it goes through the runner.
         hooks.cleanup_host_network(&ns).await.unwrap();
-        assert_eq!(runner.commands()[0], "ip -o link show dev outpost-dns");
+        assert_eq!(runner.commands()[0], "ip -d -o link show dev outpost-dns");
     }
 }

@@ -22,6 +22,9 @@
 //!   [`backend::HostBackend`] is the host (`none`) mode over systemd units.
 //! - [`runner`]: every host command goes through the [`runner::Runner`] trait, with a
 //!   recording double for unit tests.
+//! - [`settle`]: after an upgrade's restart, the kubelet must stay active and answer its
+//!   healthz, else the upgrade rolls back.
+//! - [`lock`]: one `node` command at a time, the holder named.
 //! - [`Hooks`]: the seams a node exposes to tests; the zero value is the real host.
 
 use std::path::{Path, PathBuf};
@@ -32,18 +35,21 @@ pub mod fsutil;
 pub mod goalstate;
 mod hooks;
 pub mod localdns;
+pub mod lock;
 pub mod mountinfo;
 pub mod phases;
 pub mod remove;
 mod reset;
 mod restart;
 pub mod runner;
+pub mod settle;
 pub mod snapshot;
 pub mod unmount;
 
 pub use hooks::{HookError, Hooks, NetworkHook, SNAPSHOT_NAME, WaitHook};
 pub use reset::{
-    ClearReport, ResetError, clear_kubelet_dir, reset_cni_state, reset_kubelet_identity,
+    ClearReport, ResetError, clear_kubelet_dir, remove_kubelet_state, reset_cni_state,
+    reset_kubelet_identity, resolve_kubelet_dir, unmount_kubelet_dir,
 };
 pub use restart::{ChangedUnit, RestartError, restart_changed};
 

@@ -23,6 +23,16 @@ pub enum LocalDnsError {
     /// An `ip` command failed.
     #[error("LocalDNS interface command failed")]
     Command(#[from] RunError),
+    /// The configured interface exists and is not one the agent created.
+    #[error(
+        "LocalDNS interface {interface} exists ({kind}) and was not created by outpost-agent; it is left alone: set localDNS.interface to a name of its own"
+    )]
+    NotOurs {
+        /// The interface.
+        interface: String,
+        /// Its kind.
+        kind: String,
+    },
     /// The probe name is not a valid DNS name.
     #[error("LocalDNS probe name {name:?} is not a valid DNS name: {reason}")]
     BadName {
@@ -47,6 +57,11 @@ pub enum LocalDnsError {
     },
 }
 
+/// The alias the agent sets on the LocalDNS interface when it creates it. Only a link
+/// carrying it is ever deleted: `localDNS.interface: eth0` must not take the node off
+/// the network.
+pub const LINK_ALIAS: &str = "outpost-agent:localdns";
+
 /// What the interface looks like now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LinkState {
@@ -56,10 +71,18 @@ pub struct LinkState {
     pub up: bool,
     /// Its addresses.
     pub addrs: Vec<IpAddr>,
+    /// Its link kind (`dummy`, `bridge`, `veth`, ...); `None` for a physical device or
+    /// loopback.
+    pub kind: Option<String>,
+    /// Whether it carries [`LINK_ALIAS`]: the agent created it.
+    pub ours: bool,
 }
 
 /// The commands that bring the interface from `state` to what `dns` wants. Pure; empty in
-/// steady state.
+/// steady state. A new link gets [`LINK_ALIAS`]; an existing one without it is adopted
+/// (given the alias) only when it is of the configured kind and carries no address but
+/// the listeners, as a link an earlier agent version created does. Any other existing
+/// link is refused by [`setup_network`] before this runs.
 pub fn plan_setup(state: &LinkState, dns: &LocalDns) -> Vec<Cmd> {
     let ifname = dns.interface.as_str();
     let mut cmds = Vec::new();
@@ -67,6 +90,12 @@ pub fn plan_setup(state: &LinkState, dns: &LocalDns) -> Vec<Cmd> {
         cmds.push(Cmd::new(
             "ip",
             ["link", "add", ifname, "type", dns.interface_kind.as_str()],
+        ));
+    }
+    if !state.ours {
+        cmds.push(Cmd::new(
+            "ip",
+            ["link", "set", "dev", ifname, "alias", LINK_ALIAS],
         ));
     }
     for addr in &dns.listeners {
@@ -90,12 +119,18 @@ pub fn plan_setup(state: &LinkState, dns: &LocalDns) -> Vec<Cmd> {
     cmds
 }
 
-/// Reads the interface's state with `ip -o link show` and `ip -o addr show`.
+/// Whether an existing link the agent did not mark may be adopted for `dns`.
+fn adoptable(state: &LinkState, dns: &LocalDns) -> bool {
+    state.kind.as_deref() == Some(dns.interface_kind.as_str())
+        && state.addrs.iter().all(|a| dns.listeners.contains(a))
+}
+
+/// Reads the interface's state with `ip -d -o link show` and `ip -o addr show`.
 pub async fn link_state(runner: &dyn Runner, ifname: &str) -> Result<LinkState, RunError> {
-    let show = Cmd::new("ip", ["-o", "link", "show", "dev", ifname]);
+    let show = Cmd::new("ip", ["-d", "-o", "link", "show", "dev", ifname]);
     let out = runner.output(&show).await?;
     if !out.success() {
-        if out.stderr.contains("does not exist") {
+        if out.stderr.contains("does not exist") || out.stderr.contains("Cannot find device") {
             return Ok(LinkState::default());
         }
         return runner.run(&show).await.map(|_| LinkState::default());
@@ -106,6 +141,7 @@ pub async fn link_state(runner: &dyn Runner, ifname: &str) -> Result<LinkState, 
         .split_once('<')
         .and_then(|(_, rest)| rest.split_once('>'))
         .is_some_and(|(flags, _)| flags.split(',').any(|f| f == "UP"));
+    let (kind, alias) = parse_link_details(&out.stdout);
     let addrs_out = runner
         .run(&Cmd::new("ip", ["-o", "addr", "show", "dev", ifname]))
         .await?;
@@ -113,7 +149,33 @@ pub async fn link_state(runner: &dyn Runner, ifname: &str) -> Result<LinkState, 
         exists: true,
         up,
         addrs: parse_addrs(&addrs_out.stdout),
+        kind,
+        ours: alias.as_deref() == Some(LINK_ALIAS),
     })
+}
+
+/// The link kind and alias from an `ip -d -o link show` line, whose parts are separated
+/// by a backslash: `2: x: <...> mtu 1500 ...`, `link/ether ...`, `dummy ...`, `alias A`.
+pub fn parse_link_details(line: &str) -> (Option<String>, Option<String>) {
+    let parts: Vec<&str> = line
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split('\\')
+        .map(str::trim)
+        .collect();
+    let alias = parts
+        .iter()
+        .find_map(|p| p.strip_prefix("alias "))
+        .map(str::to_string);
+    let kind = parts
+        .iter()
+        .skip_while(|p| !p.starts_with("link/"))
+        .nth(1)
+        .and_then(|p| p.split_whitespace().next())
+        .filter(|w| !matches!(*w, "alias" | "addrgenmode"))
+        .map(str::to_string);
+    (kind, alias)
 }
 
 /// Parses the addresses from `ip -o addr show` lines:
@@ -129,22 +191,41 @@ pub fn parse_addrs(text: &str) -> Vec<IpAddr> {
         .collect()
 }
 
-/// Creates the LocalDNS interface with the listener addresses, idempotently.
+/// Creates the LocalDNS interface with the listener addresses, idempotently. An existing
+/// link of that name the agent did not create is refused (see [`plan_setup`]).
 pub async fn setup_network(runner: &dyn Runner, dns: &LocalDns) -> Result<(), LocalDnsError> {
     let state = link_state(runner, &dns.interface).await?;
+    if state.exists && !state.ours && !adoptable(&state, dns) {
+        return Err(LocalDnsError::NotOurs {
+            interface: dns.interface.clone(),
+            kind: state.kind.unwrap_or_else(|| "device".into()),
+        });
+    }
     for cmd in plan_setup(&state, dns) {
         runner.run(&cmd).await?;
     }
     Ok(())
 }
 
-/// Removes the LocalDNS interface (and so its addresses), idempotently.
+/// Removes the LocalDNS interface (and so its addresses), idempotently: only a link that
+/// carries [`LINK_ALIAS`], the one the agent created. Any other link of that name is left
+/// alone (and logged).
 pub async fn cleanup_network(runner: &dyn Runner, ifname: &str) -> Result<(), LocalDnsError> {
-    if link_state(runner, ifname).await?.exists {
-        runner
-            .run(&Cmd::new("ip", ["link", "del", "dev", ifname]))
-            .await?;
+    let state = link_state(runner, ifname).await?;
+    if !state.exists {
+        return Ok(());
     }
+    if !state.ours {
+        tracing::warn!(
+            interface = ifname,
+            kind = state.kind.as_deref().unwrap_or("device"),
+            "not created by outpost-agent (no {LINK_ALIAS} alias): left in place"
+        );
+        return Ok(());
+    }
+    runner
+        .run(&Cmd::new("ip", ["link", "del", "dev", ifname]))
+        .await?;
     Ok(())
 }
 
@@ -296,15 +377,16 @@ mod tests {
     async fn setup_from_nothing() {
         let runner = RecordingRunner::new();
         runner.respond(
-            &["ip", "-o", "link", "show"],
+            &["ip", "-d", "-o", "link", "show"],
             CmdOutput::failed(1, "Device \"outpost-dns\" does not exist.\n"),
         );
         setup_network(&runner, &dns()).await.unwrap();
         assert_eq!(
             runner.commands(),
             [
-                "ip -o link show dev outpost-dns",
+                "ip -d -o link show dev outpost-dns",
                 "ip link add outpost-dns type dummy",
+                "ip link set dev outpost-dns alias outpost-agent:localdns",
                 "ip addr add 169.254.20.10/32 dev outpost-dns",
                 "ip addr add fd00::10/128 dev outpost-dns",
                 "ip link set outpost-dns up",
@@ -315,10 +397,7 @@ mod tests {
     #[tokio::test]
     async fn steady_state_runs_nothing_but_reads() {
         let runner = RecordingRunner::new();
-        runner.respond(
-            &["ip", "-o", "link", "show"],
-            CmdOutput::stdout("7: outpost-dns: <BROADCAST,NOARP,UP,LOWER_UP> mtu 1500 qdisc noqueue state UNKNOWN\n"),
-        );
+        runner.respond(&["ip", "-d", "-o", "link", "show"], CmdOutput::stdout(OURS));
         runner.respond(
             &["ip", "-o", "addr", "show"],
             CmdOutput::stdout(
@@ -330,7 +409,7 @@ mod tests {
         assert_eq!(
             runner.commands(),
             [
-                "ip -o link show dev outpost-dns",
+                "ip -d -o link show dev outpost-dns",
                 "ip -o addr show dev outpost-dns"
             ]
         );
@@ -346,18 +425,18 @@ mod tests {
     async fn cleanup_of_nothing_is_nothing() {
         let runner = RecordingRunner::new();
         runner.respond(
-            &["ip", "-o", "link"],
+            &["ip", "-d", "-o", "link"],
             CmdOutput::failed(1, "Device \"x\" does not exist.\n"),
         );
         cleanup_network(&runner, "x").await.unwrap();
-        assert_eq!(runner.commands(), ["ip -o link show dev x"]);
+        assert_eq!(runner.commands(), ["ip -d -o link show dev x"]);
     }
 
     #[tokio::test]
     async fn could_not_ask_is_an_error() {
         let runner = RecordingRunner::new();
         runner.respond(
-            &["ip", "-o", "link"],
+            &["ip", "-d", "-o", "link"],
             CmdOutput::failed(255, "RTNETLINK answers: Operation not permitted\n"),
         );
         let err = setup_network(&runner, &dns()).await.unwrap_err();
@@ -373,6 +452,8 @@ mod tests {
             exists: true,
             up: true,
             addrs: vec!["169.254.20.10".parse().unwrap()],
+            kind: Some("dummy".into()),
+            ours: true,
         };
         let cmds: Vec<String> = plan_setup(&state, &dns())
             .iter()
@@ -387,5 +468,41 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, LocalDnsError::BadName { .. }), "{err}");
+    }
+
+    const OURS: &str = "7: outpost-dns: <BROADCAST,NOARP,UP,LOWER_UP> mtu 1500 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/ether 6e:1c:00:00:00:01 brd ff:ff:ff:ff:ff:ff promiscuity 0 minmtu 0 maxmtu 0 \\    dummy addrgenmode eui64 numtxqueues 1 \\    alias outpost-agent:localdns\n";
+    const ETH0: &str = "2: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc fq_codel state UP mode DEFAULT group default qlen 1000\\    link/ether 52:54:00:12:34:56 brd ff:ff:ff:ff:ff:ff promiscuity 0 minmtu 68 maxmtu 65535 addrgenmode eui64 numtxqueues 1\n";
+
+    #[test]
+    fn link_details_give_kind_and_alias() {
+        assert_eq!(
+            parse_link_details(OURS),
+            (Some("dummy".into()), Some(LINK_ALIAS.into()))
+        );
+        assert_eq!(parse_link_details(ETH0), (None, None));
+    }
+
+    /// Issue 17: cleanup deletes only the link the agent created; `interface: eth0`
+    /// must never take the node off the network.
+    #[tokio::test]
+    async fn cleanup_never_deletes_an_interface_the_agent_did_not_create() {
+        let runner = RecordingRunner::new();
+        runner.respond(&["ip", "-d", "-o", "link", "show"], CmdOutput::stdout(ETH0));
+        runner.respond(
+            &["ip", "-o", "addr", "show"],
+            CmdOutput::stdout("2: eth0    inet 10.0.0.5/24 brd 10.0.0.255 scope global eth0\\       valid_lft forever\n"),
+        );
+        cleanup_network(&runner, "eth0").await.unwrap();
+        assert!(
+            !runner.commands().iter().any(|c| c.contains("del")),
+            "{:?}",
+            runner.commands()
+        );
+        // And setup refuses to take it over.
+        let mut spec = dns();
+        spec.interface = "eth0".into();
+        let err = setup_network(&runner, &spec).await.unwrap_err();
+        assert!(matches!(err, LocalDnsError::NotOurs { .. }), "{err}");
+        assert!(err.to_string().contains("localDNS.interface"), "{err}");
     }
 }

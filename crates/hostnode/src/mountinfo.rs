@@ -167,6 +167,9 @@ pub enum Scope {
 pub struct PlannedUnmount {
     /// The mount point to detach.
     pub mount_point: PathBuf,
+    /// The mount's id in the table: what must be found at `mount_point` when it is
+    /// detached.
+    pub mount_id: u32,
     /// The indexes (into the prefixes given to [`plan`]) this mount is below; a failure
     /// to unmount it is attributed to each.
     pub prefixes: Vec<usize>,
@@ -218,6 +221,7 @@ pub fn plan(table: &[MountEntry], prefixes: &[PathBuf], scope: Scope) -> Vec<Pla
             order,
             PlannedUnmount {
                 mount_point: entry.mount_point.clone(),
+                mount_id: entry.id,
                 prefixes: matching,
             },
         ));

@@ -111,6 +111,14 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// The program did not finish in time and was killed.
+    #[error("`{command}` did not finish within {after:?} and was killed")]
+    TimedOut {
+        /// The command line.
+        command: String,
+        /// The time it was given.
+        after: std::time::Duration,
+    },
     /// The program ran and exited non-zero (or was killed).
     #[error("`{command}` failed ({status}): {stderr}")]
     Failed {
@@ -130,7 +138,7 @@ impl RunError {
     pub fn stderr(&self) -> Option<&str> {
         match self {
             RunError::Failed { stderr, .. } => Some(stderr),
-            RunError::Spawn { .. } => None,
+            RunError::Spawn { .. } | RunError::TimedOut { .. } => None,
         }
     }
 
@@ -184,15 +192,39 @@ impl<R: Runner + ?Sized> Runner for &R {
 /// A program can be substituted by another executable ([`HostRunner::with_program`]):
 /// `outpost-agent` uses it so tests and development machines whose PID 1 is not systemd
 /// can point `systemctl` at a script.
-#[derive(Clone, Debug, Default)]
+///
+/// Every command gets a deadline ([`HostRunner::DEFAULT_TIMEOUT`] unless set with
+/// [`HostRunner::with_timeout`]): a hung `systemctl` or `umount` fails the step, naming
+/// the command, instead of hanging the agent. The process is killed when it runs out.
+#[derive(Clone, Debug)]
 pub struct HostRunner {
     substitutes: BTreeMap<String, PathBuf>,
+    timeout: std::time::Duration,
+}
+
+impl Default for HostRunner {
+    fn default() -> Self {
+        Self {
+            substitutes: BTreeMap::new(),
+            timeout: Self::DEFAULT_TIMEOUT,
+        }
+    }
 }
 
 impl HostRunner {
+    /// How long a command may run by default: two minutes, room for systemd to stop a
+    /// kubelet that drains its pods' containers.
+    pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
     /// Runs every program as named.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Gives every command `timeout` to finish.
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Runs `replacement` wherever a command names `program`.
@@ -215,12 +247,19 @@ impl Runner for HostRunner {
                 .cloned()
                 .unwrap_or_else(|| PathBuf::from(&cmd.program));
             tracing::debug!(command = %cmd, "running");
-            let out = tokio::process::Command::new(&program)
+            // kill_on_drop: a command that runs out of time is killed when its future is
+            // dropped by the timeout.
+            let run = tokio::process::Command::new(&program)
                 .args(&cmd.args)
                 .stdin(std::process::Stdio::null())
                 .kill_on_drop(true)
-                .output()
+                .output();
+            let out = tokio::time::timeout(self.timeout, run)
                 .await
+                .map_err(|_| RunError::TimedOut {
+                    command: cmd.to_string(),
+                    after: self.timeout,
+                })?
                 .map_err(|source| RunError::Spawn {
                     command: cmd.to_string(),
                     source,

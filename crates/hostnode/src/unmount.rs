@@ -18,6 +18,18 @@ pub trait Mounter: Send + Sync {
     /// Lazily unmounts the topmost mount at `path`. A path that is no longer a mount point
     /// (its parent was detached first, or another process got there) is not an error.
     fn unmount_lazy<'a>(&'a self, path: &'a Path) -> BoxFuture<'a, Result<(), String>>;
+
+    /// Lazily unmounts the mount with id `mount_id` (the mount table's first field) at
+    /// `path`. The default is [`Mounter::unmount_lazy`]; [`SyscallMounter`] checks that
+    /// `path` still leads, without a symlink, to that very mount before detaching it.
+    fn unmount_mount<'a>(
+        &'a self,
+        path: &'a Path,
+        mount_id: u32,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        let _ = mount_id;
+        self.unmount_lazy(path)
+    }
 }
 
 /// `umount2(path, MNT_DETACH | UMOUNT_NOFOLLOW)`: the real host, without a process per
@@ -41,6 +53,68 @@ impl Mounter for SyscallMounter {
                 Err(errno) => Err(errno.desc().to_string()),
             }
         })
+    }
+
+    fn unmount_mount<'a>(
+        &'a self,
+        path: &'a Path,
+        mount_id: u32,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { unmount_by_identity(path, mount_id) })
+    }
+}
+
+/// Opens `path` without following any symlink (`RESOLVE_NO_SYMLINKS`: a directory of a
+/// pod volume swapped for a symlink cannot redirect it), checks that what is there is the
+/// mount `mount_id`, and detaches exactly that mount through the descriptor
+/// (`/proc/self/fd/N`). A path that no longer leads to that mount is left alone.
+fn unmount_by_identity(path: &Path, mount_id: u32) -> Result<(), String> {
+    use nix::mount::{MntFlags, umount2};
+    use rustix::fs::{AtFlags, CWD, Mode, OFlags, ResolveFlags, StatxFlags};
+    use rustix::io::Errno;
+    let fd = match rustix::fs::openat2(
+        CWD,
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS,
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => {
+            tracing::debug!(path = %path.display(), "already gone");
+            return Ok(());
+        }
+        // Kernels before 5.6: the path-based unmount, final symlink not followed.
+        Err(Errno::NOSYS) => {
+            return match umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
+                Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+                Err(errno) => Err(errno.desc().to_string()),
+            };
+        }
+        Err(Errno::LOOP) => {
+            return Err("the path leads through a symlink now; not unmounted".into());
+        }
+        Err(e) => return Err(format!("open: {e}")),
+    };
+    let st = rustix::fs::statx(&fd, c"", AtFlags::EMPTY_PATH, StatxFlags::MNT_ID)
+        .map_err(|e| format!("inspect: {e}"))?;
+    if st.stx_mask & StatxFlags::MNT_ID.bits() != 0 && st.stx_mnt_id != u64::from(mount_id) {
+        // Detached already (with a parent, or by someone else), or something else is
+        // there now: either way not the mount the table named.
+        tracing::debug!(path = %path.display(), mount_id, found = st.stx_mnt_id, "not that mount any more");
+        return Ok(());
+    }
+    let through = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ));
+    match umount2(&through, MntFlags::MNT_DETACH) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EINVAL) => {
+            tracing::debug!(path = %path.display(), "already unmounted");
+            Ok(())
+        }
+        Err(errno) => Err(errno.desc().to_string()),
     }
 }
 
@@ -130,7 +204,10 @@ async fn unmount_scope(
     let plan = mountinfo::plan(&table, prefixes, scope);
     let mut failed: BTreeMap<PathBuf, PrefixError> = BTreeMap::new();
     for step in plan {
-        match mounter.unmount_lazy(&step.mount_point).await {
+        match mounter
+            .unmount_mount(&step.mount_point, step.mount_id)
+            .await
+        {
             Ok(()) => tracing::info!(mount = %step.mount_point.display(), "unmounted"),
             Err(why) => {
                 tracing::warn!(mount = %step.mount_point.display(), error = %why, "cannot unmount");

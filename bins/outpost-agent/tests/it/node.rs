@@ -15,6 +15,7 @@ kubelet:
     kind: KubeletConfiguration
     apiVersion: kubelet.config.k8s.io/v1beta1
     maxPods: 110
+    healthzPort: 0
   extraArgs: [--node-labels=pool=edge]
 containerd:
   config: |
@@ -57,10 +58,14 @@ echo "$*" >> {d}/systemctl.log
 case "$1" in
   is-active)
     if [ -e {d}/stopped ]; then echo inactive; exit 3; fi
+    if [ "$3" = kubelet.service ] && [ -e {d}/kubelet-crashloop ]; then echo activating; exit 3; fi
     echo active; exit 0 ;;
+  stop)
+    while [ -e {d}/hold-stop ]; do sleep 0.05; done ;;
   restart)
-    if [ "$2" = kubelet.service ] && [ -e {d}/crash-on-kubelet-restart ]; then kill -9 $PPID; sleep 1; exit 1; fi
-    if [ "$2" = kubelet.service ] && [ -e {d}/fail-kubelet-restart ]; then
+    if [ "$3" = kubelet.service ] && [ -e {d}/crashloop-after-restart ]; then touch {d}/kubelet-crashloop; fi
+    if [ "$3" = kubelet.service ] && [ -e {d}/crash-on-kubelet-restart ]; then kill -9 $PPID; sleep 1; exit 1; fi
+    if [ "$3" = kubelet.service ] && [ -e {d}/fail-kubelet-restart ]; then
       echo "Job for kubelet.service failed because the control process exited with error code." >&2; exit 1
     fi ;;
 esac
@@ -166,14 +171,20 @@ fn upgrade_rolls_back_byte_for_byte_when_the_kubelet_restart_fails() {
 
     host.mark("fail-kubelet-restart", true);
     std::fs::remove_file(host.path("systemctl.log")).unwrap();
-    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    let out = host.node(&[
+        "upgrade",
+        "--settle-hold-seconds",
+        "0",
+        "--config",
+        &host.config("new.yaml"),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(err.contains("phase \"restart\" failed"), "{err}");
     assert!(err.contains("Job for kubelet.service failed"), "{err}");
     assert!(err.contains("previous configuration was restored"), "{err}");
     assert!(
-        stdout(&out).contains("[7/8] restart FAILED"),
+        stdout(&out).contains("[7/9] restart FAILED"),
         "{}",
         stdout(&out)
     );
@@ -189,21 +200,27 @@ fn upgrade_rolls_back_byte_for_byte_when_the_kubelet_restart_fails() {
     assert_eq!(
         host.systemctl_log(),
         [
-            "is-active containerd.service",
-            "is-active kubelet.service",
+            "is-active -- containerd.service",
+            "is-active -- kubelet.service",
             "daemon-reload",
-            "restart containerd.service",
-            "restart kubelet.service",
+            "restart -- containerd.service",
+            "restart -- kubelet.service",
             // Rollback: reload the restored drop-in, restart onto the old configuration.
             "daemon-reload",
-            "restart containerd.service",
-            "restart kubelet.service",
+            "restart -- containerd.service",
+            "restart -- kubelet.service",
         ]
     );
 
     // With the restart working, the same upgrade goes through and writes the new files.
     host.mark("fail-kubelet-restart", false);
-    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    let out = host.node(&[
+        "upgrade",
+        "--settle-hold-seconds",
+        "0",
+        "--config",
+        &host.config("new.yaml"),
+    ]);
     assert!(out.status.success());
     let after = host.etc();
     assert_ne!(after, before);
@@ -218,12 +235,21 @@ fn upgrade_rolls_back_byte_for_byte_when_the_kubelet_restart_fails() {
 
     // Steady state: the same upgrade again changes nothing and restarts nothing.
     std::fs::remove_file(host.path("systemctl.log")).unwrap();
-    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    let out = host.node(&[
+        "upgrade",
+        "--settle-hold-seconds",
+        "0",
+        "--config",
+        &host.config("new.yaml"),
+    ]);
     assert!(out.status.success());
     assert_eq!(host.etc(), after);
     assert_eq!(
         host.systemctl_log(),
-        ["is-active containerd.service", "is-active kubelet.service"]
+        [
+            "is-active -- containerd.service",
+            "is-active -- kubelet.service"
+        ]
     );
 }
 
@@ -240,7 +266,13 @@ fn an_upgrade_killed_half_way_is_restored_by_the_next_one() {
     // systemctl kills the agent (SIGKILL) in the middle of the restart phase: the new
     // configuration is written, the snapshot is on disk, nothing rolled back.
     host.mark("crash-on-kubelet-restart", true);
-    let out = host.node(&["upgrade", "--config", &host.config("new.yaml")]);
+    let out = host.node(&[
+        "upgrade",
+        "--settle-hold-seconds",
+        "0",
+        "--config",
+        &host.config("new.yaml"),
+    ]);
     assert_eq!(out.status.code(), None, "killed by a signal");
     assert_ne!(host.etc(), before);
     host.mark("crash-on-kubelet-restart", false);
@@ -254,7 +286,13 @@ fn an_upgrade_killed_half_way_is_restored_by_the_next_one() {
 
     // The next upgrade first restores what the dead one saved, then applies its own
     // configuration (here: the old one again, which is then already in place).
-    let out = host.node(&["upgrade", "--config", &host.config("old.yaml")]);
+    let out = host.node(&[
+        "upgrade",
+        "--settle-hold-seconds",
+        "0",
+        "--config",
+        &host.config("old.yaml"),
+    ]);
     assert!(out.status.success());
     assert!(stdout(&out).contains("restored the configuration an interrupted upgrade saved"));
     assert_eq!(host.etc(), before);
@@ -300,9 +338,7 @@ fn reset_unmounts_and_deletes_nothing_through_a_mount() {
     let host = Host::new();
     let root = host.root();
     let k = root.join("var/lib/kubelet");
-    std::fs::create_dir_all(k.join("pki")).unwrap();
-    std::fs::write(k.join("pki/kubelet-client-current.pem"), b"cert").unwrap();
-    std::fs::write(k.join("cpu_manager_state"), b"{}").unwrap();
+    std::fs::create_dir_all(&k).unwrap();
     std::fs::create_dir_all(root.join("etc/cni/net.d")).unwrap();
     std::fs::write(root.join("etc/cni/net.d/10-flannel.conflist"), b"{}").unwrap();
     std::fs::create_dir_all(root.join("var/lib/cni/networks/cbr0")).unwrap();
@@ -323,6 +359,9 @@ fn reset_unmounts_and_deletes_nothing_through_a_mount() {
         r#"set -e
 K='{k}'
 mount -t tmpfs tmpfs "$K"
+mkdir -p "$K/pki"
+echo cert > "$K/pki/kubelet-client-current.pem"
+echo '{{}}' > "$K/cpu_manager_state"
 mkdir -p "$K/pods/p1/volumes/kubernetes.io~secret/tok" "$K/pods/p2/volumes/kubernetes.io~local-volume/my pv"
 mount -t tmpfs tmpfs "$K/pods/p1/volumes/kubernetes.io~secret/tok"
 echo secret > "$K/pods/p1/volumes/kubernetes.io~secret/tok/token"
@@ -330,6 +369,8 @@ mount --bind '{data}' "$K/pods/p2/volumes/kubernetes.io~local-volume/my pv"
 mount -t tmpfs tmpfs '{sibling}'
 echo sibling-tmpfs > '{sibling}/on-tmpfs'
 '{bin}' node reset --config '{config}' --host-root '{root}'
+echo "--- kubelet dir"
+ls -A "$K"
 echo "--- mounts"
 cat /proc/self/mountinfo
 echo "--- kubelet-x"
@@ -367,19 +408,23 @@ cat '{sibling}/on-tmpfs'
             "{phase} missing: {text}"
         );
     }
-    let (_, rest) = text.split_once("--- mounts\n").unwrap();
+    let (_, rest) = text.split_once("--- kubelet dir\n").unwrap();
+    let (listing, rest) = rest.split_once("--- mounts\n").unwrap();
+    assert_eq!(listing, "", "left in the kubelet directory");
     let (mounts, sibling_out) = rest.split_once("--- kubelet-x\n").unwrap();
-    let kubelet_mounts: Vec<&str> = mounts
+    let below: Vec<&str> = mounts
         .lines()
         .filter(|l| {
-            l.split(' ').nth(4).is_some_and(|p| {
-                p == k.to_str().unwrap() || p.starts_with(&format!("{}/", k.display()))
-            })
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|p| p.starts_with(&format!("{}/", k.display())))
         })
         .collect();
+    assert!(below.is_empty(), "still mounted: {below:?}");
+    // The kubelet directory's own mount (a dedicated disk) stays, as with kubeadm.
     assert!(
-        kubelet_mounts.is_empty(),
-        "still mounted: {kubelet_mounts:?}"
+        mounts.lines().any(|l| l.split(' ').nth(4) == k.to_str()),
+        "the mount at the kubelet directory was detached"
     );
     assert_eq!(
         sibling_out.trim(),
@@ -388,7 +433,7 @@ cat '{sibling}/on-tmpfs'
     );
 
     // Outside the namespace: the data behind the bind mount survived; the kubelet
-    // directory is empty (its tmpfs was detached, the directory below it emptied).
+    // directory below its tmpfs was never written.
     assert_eq!(std::fs::read(data.join("rows")).unwrap(), b"must survive");
     assert_eq!(std::fs::read_dir(&k).unwrap().count(), 0);
     assert!(root.join("etc/cni/net.d").is_dir());
@@ -404,7 +449,7 @@ cat '{sibling}/on-tmpfs'
     let log = host.systemctl_log();
     assert_eq!(
         log[..2],
-        ["stop kubelet.service", "stop containerd.service"]
+        ["stop -- kubelet.service", "stop -- containerd.service"]
     );
 }
 
@@ -417,11 +462,11 @@ fn up_starts_a_stopped_stack_then_is_steady_and_down_stops_kubelet_first() {
     assert_eq!(
         host.systemctl_log(),
         [
-            "is-active containerd.service",
-            "is-active kubelet.service",
+            "is-active -- containerd.service",
+            "is-active -- kubelet.service",
             "daemon-reload",
-            "start containerd.service",
-            "start kubelet.service",
+            "start -- containerd.service",
+            "start -- kubelet.service",
         ]
     );
     let written = host.etc();
@@ -447,7 +492,10 @@ fn up_starts_a_stopped_stack_then_is_steady_and_down_stops_kubelet_first() {
     assert!(out.status.success());
     assert_eq!(
         host.systemctl_log(),
-        ["is-active containerd.service", "is-active kubelet.service"]
+        [
+            "is-active -- containerd.service",
+            "is-active -- kubelet.service"
+        ]
     );
     assert_eq!(
         std::fs::metadata(&dropin).unwrap().modified().unwrap(),
@@ -459,7 +507,7 @@ fn up_starts_a_stopped_stack_then_is_steady_and_down_stops_kubelet_first() {
     assert!(out.status.success());
     assert_eq!(
         host.systemctl_log(),
-        ["stop kubelet.service", "stop containerd.service"]
+        ["stop -- kubelet.service", "stop -- containerd.service"]
     );
 }
 
@@ -588,4 +636,383 @@ fn up_with_local_dns_in_a_network_namespace_waits_for_real_answers() {
     );
     // Idempotent: a second down finds nothing to remove.
     assert!(agent("down").status.success());
+}
+
+/// Set in the re-executed test process to the name of the test it must run.
+const INNER_ENV: &str = "OUTPOST_AGENT_IT_INNER";
+
+/// Runs the calling test again in private mount and network namespaces
+/// (`unshare -m -n --propagation private`), filtered to this one test. Returns `true` in
+/// that inner process, where the caller runs its body (a process's other threads cannot
+/// be moved into a new mount namespace one by one, so the whole test binary is re-run).
+fn in_private_namespaces(test: &str) -> bool {
+    let name = format!("node::{test}");
+    if std::env::var(INNER_ENV).is_ok_and(|v| v == name) {
+        return true;
+    }
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "{name} needs root (it mounts in a private mount namespace): run the tests as root"
+    );
+    let exe = std::env::current_exe().expect("current test executable");
+    let out = Command::new("unshare")
+        .args(["-m", "-n", "--propagation", "private"])
+        .arg(&exe)
+        .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+        .env(INNER_ENV, &name)
+        .output()
+        .expect("unshare not found: apt-get install util-linux");
+    let out_text = stdout(&out);
+    print!("{out_text}");
+    eprint!("{}", stderr(&out));
+    assert!(
+        out.status.success(),
+        "{name} failed inside the namespaces ({})",
+        out.status
+    );
+    assert!(
+        out_text.contains("test result: ok. 1 passed"),
+        "{name}: the inner run did not run exactly this test"
+    );
+    false
+}
+
+/// Every regular file below `dir` with its bytes (symlinks not followed).
+fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    fn walk(dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                walk(&p, out);
+            } else if meta.is_file() {
+                out.insert(p.clone(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, &mut out);
+    out
+}
+
+/// Issue 17 (High): a container still running in its emptyDir swaps a directory with a
+/// symlink to somewhere outside the kubelet directory (`renameat2(RENAME_EXCHANGE)` in a
+/// loop) while `node reset` walks it. The real binary, in a private mount namespace,
+/// must remove nothing outside the kubelet directory. Several rounds, thousands of files
+/// each: a path-based walk loses files outside in every round.
+#[test]
+fn reset_race_with_a_symlink_exchange_touches_nothing_outside() {
+    if !in_private_namespaces("reset_race_with_a_symlink_exchange_touches_nothing_outside") {
+        return;
+    }
+    use nix::fcntl::{RenameFlags, renameat2};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let host = Host::new();
+    // Everything on a tmpfs of this namespace: nothing real can be touched even if the
+    // reset goes wrong.
+    let arena = host.path("arena");
+    std::fs::create_dir(&arena).unwrap();
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&arena)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount tmpfs");
+    let outside = arena.join("outside");
+    const FILES: usize = 500;
+    const PAIRS: usize = 3;
+    for sub in ["a", "b"] {
+        std::fs::create_dir_all(outside.join(sub)).unwrap();
+        for i in 0..FILES {
+            std::fs::write(outside.join(sub).join(format!("f{i}")), format!("{sub}{i}")).unwrap();
+        }
+    }
+    let before = tree(&outside);
+    let root = arena.join("root");
+    let k = root.join("var/lib/kubelet");
+    let scratch = k.join("pods/p1/volumes/kubernetes.io~empty-dir/scratch");
+    // The binary under test; set to run the race against another build (an old one, to
+    // see the test catch a path-based walk).
+    let bin = std::env::var("OUTPOST_AGENT_RACE_BIN").unwrap_or_else(|_| BIN.into());
+
+    for round in 0..6 {
+        // Each pair: a symlink to `outside` first, then a directory with the same shape.
+        // tmpfs lists the newest entry first, so the walk meets a directory before its
+        // symlink and the exchanges go on while it is emptied.
+        std::fs::create_dir_all(&scratch).unwrap();
+        for pair in 0..PAIRS {
+            std::os::unix::fs::symlink(&outside, scratch.join(format!("s{pair}"))).unwrap();
+            for sub in ["a", "b"] {
+                let d = scratch.join(format!("d{pair}")).join(sub);
+                std::fs::create_dir_all(&d).unwrap();
+                for i in 0..FILES {
+                    std::fs::write(d.join(format!("f{i}")), b"pod").unwrap();
+                }
+            }
+        }
+        std::fs::write(k.join("cpu_manager_state"), b"{}").unwrap();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let swaps = Arc::new(AtomicU64::new(0));
+        let dir = std::fs::File::open(&scratch).unwrap();
+        let swapper = {
+            let (stop, swaps) = (stop.clone(), swaps.clone());
+            std::thread::spawn(move || {
+                let names: Vec<(String, String)> = (0..PAIRS)
+                    .map(|p| (format!("d{p}"), format!("s{p}")))
+                    .collect();
+                while !stop.load(Ordering::Relaxed) {
+                    let mut any = false;
+                    for (d, s) in &names {
+                        // Fails once the reset removed one of the two.
+                        if renameat2(
+                            &dir,
+                            d.as_str(),
+                            &dir,
+                            s.as_str(),
+                            RenameFlags::RENAME_EXCHANGE,
+                        )
+                        .is_ok()
+                        {
+                            swaps.fetch_add(1, Ordering::Relaxed);
+                            any = true;
+                        }
+                    }
+                    if !any {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        };
+        let out = Command::new(&bin)
+            .args(["node", "reset", "--config", &host.config("old.yaml")])
+            .arg("--host-root")
+            .arg(&root)
+            .env("OUTPOST_SYSTEMCTL", host.path("systemctl"))
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        eprintln!(
+            "round {round}: {} exchanges\n{}{}",
+            swaps.load(Ordering::Relaxed),
+            stdout(&out),
+            stderr(&out)
+        );
+        let after = tree(&outside);
+        let lost: Vec<_> = before.keys().filter(|p| !after.contains_key(*p)).collect();
+        assert!(
+            lost.is_empty(),
+            "round {round}: the reset removed {} file(s) outside the kubelet directory, e.g. {:?}",
+            lost.len(),
+            &lost[..lost.len().min(3)]
+        );
+        assert_eq!(after, before, "round {round}: files outside changed");
+        assert!(out.status.success(), "round {round}: reset failed");
+        assert_eq!(
+            std::fs::read_dir(&k).unwrap().count(),
+            0,
+            "round {round}: the kubelet directory is not empty"
+        );
+    }
+}
+
+/// Issue 17 (Medium): a `nodeName` with a newline would add an `ExecStartPre=` line to
+/// the kubelet's unit drop-in (a root command at its next start); a unit name with `../`
+/// would write a drop-in outside `--host-root`. Both are refused when the configuration
+/// loads, naming the field, and nothing is written anywhere.
+#[test]
+fn config_values_cannot_inject_unit_directives_or_escape_the_host_root() {
+    let host = Host::new();
+    let injected = CONFIG.replace(
+        "nodeName: worker-1",
+        "nodeName: \"worker-1\\nExecStartPre=/bin/touch /tmp/outpost-pwned\"",
+    );
+    std::fs::write(host.path("inject.yaml"), injected).unwrap();
+    let escape = CONFIG.replace(
+        "kubelet:\n",
+        "kubelet:\n  unit: ../../../../escape.service\n",
+    );
+    std::fs::write(host.path("escape.yaml"), escape).unwrap();
+
+    for (config, field) in [("inject.yaml", "nodeName"), ("escape.yaml", "kubelet.unit")] {
+        let out = host.node(&["up", "--config", &host.config(config)]);
+        assert_eq!(out.status.code(), Some(1), "{config} was accepted");
+        let err = stderr(&out);
+        assert!(err.contains(field), "{config}: {err}");
+        assert!(
+            !host.root().join("etc").exists(),
+            "{config}: something was written below the host root"
+        );
+    }
+    // The `../` unit name resolves to a directory beside the host root.
+    assert!(
+        !host.path("escape.service.d").exists(),
+        "wrote outside --host-root"
+    );
+    assert!(
+        host.systemctl_log().is_empty(),
+        "systemctl ran: {:?}",
+        host.systemctl_log()
+    );
+}
+
+/// Issue 17: `node` commands take a lock; a second one while the first runs is refused,
+/// naming the holder, and changes nothing.
+#[test]
+fn two_node_commands_at_once_refuse_naming_the_holder() {
+    let host = Host::new();
+    host.mark("hold-stop", true);
+    let first = Command::new(BIN)
+        .args(["node", "down", "--config", &host.config("old.yaml")])
+        .arg("--host-root")
+        .arg(host.root())
+        .env("OUTPOST_SYSTEMCTL", host.path("systemctl"))
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the first one is inside its stop phase (it holds the lock).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !host.systemctl_log().iter().any(|l| l.starts_with("stop")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first command never reached its stop phase"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    let second = host.node(&["reset", "--config", &host.config("old.yaml")]);
+    assert_eq!(second.status.code(), Some(1));
+    let err = stderr(&second);
+    assert!(
+        err.contains("another node command is running")
+            && err.contains(&format!("pid {}: outpost-agent node down", first.id())),
+        "{err}"
+    );
+    assert!(
+        !stdout(&second).contains("resolve-goal-state"),
+        "the refused command ran a phase"
+    );
+
+    host.mark("hold-stop", false);
+    let out = first.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Free again.
+    let third = host.node(&["down", "--config", &host.config("old.yaml")]);
+    assert!(third.status.success());
+}
+
+/// A stand-in for the kubelet's healthz endpoint: answers every request with `status`,
+/// switchable while it runs.
+struct Healthz {
+    addr: std::net::SocketAddr,
+    status: std::sync::Arc<std::sync::atomic::AtomicU16>,
+}
+
+impl Healthz {
+    fn start(status: u16) -> Self {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let code = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(status));
+        let shared = code.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf);
+                let code = shared.load(std::sync::atomic::Ordering::SeqCst);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {code} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+                );
+            }
+        });
+        Self { addr, status: code }
+    }
+
+    fn set(&self, status: u16) {
+        self.status
+            .store(status, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue 17 (Low): `node upgrade` counted as success once `systemctl restart` exited 0.
+/// It now settles: the kubelet must become active and answer its healthz, and stay so;
+/// a kubelet that never answers, or that crash-loops, rolls the upgrade back.
+#[test]
+fn upgrade_rolls_back_unless_the_kubelet_settles() {
+    let host = Host::new();
+    let healthz = Healthz::start(500);
+    for name in ["old.yaml", "new.yaml"] {
+        let text = std::fs::read_to_string(host.path(name)).unwrap().replace(
+            "healthzPort: 0",
+            &format!(
+                "healthzPort: {}\n    healthzBindAddress: 127.0.0.1",
+                healthz.addr.port()
+            ),
+        );
+        std::fs::write(host.path(name), text).unwrap();
+    }
+    assert!(
+        host.node(&["up", "--config", &host.config("old.yaml")])
+            .status
+            .success()
+    );
+    let before = host.etc();
+    // Failing cases run into a short deadline; the passing one returns as soon as the
+    // hold is over, so it gets a generous one.
+    let upgrade = |settle: &str, hold: &str| {
+        host.node(&[
+            "upgrade",
+            "--settle-seconds",
+            settle,
+            "--settle-hold-seconds",
+            hold,
+            "--config",
+            &host.config("new.yaml"),
+        ])
+    };
+
+    // The restart "works", but the kubelet answers 500 on healthz: rolled back.
+    let out = upgrade("2", "0");
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("phase \"settle\" failed"), "{err}");
+    assert!(err.contains("answered 500"), "{err}");
+    assert!(err.contains("previous configuration was restored"), "{err}");
+    assert_eq!(host.etc(), before);
+
+    // Healthy on healthz, but the unit keeps restarting: rolled back.
+    healthz.set(200);
+    host.mark("crashloop-after-restart", true);
+    let out = upgrade("2", "0");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("unit is activating"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(host.etc(), before);
+
+    // Active and healthy through the hold: the upgrade stands.
+    host.mark("crashloop-after-restart", false);
+    host.mark("kubelet-crashloop", false);
+    let out = upgrade("60", "1");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("settled (healthz on 127.0.0.1:"),
+        "{}",
+        stdout(&out)
+    );
+    assert_ne!(host.etc(), before);
 }

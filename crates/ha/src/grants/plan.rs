@@ -69,6 +69,28 @@ pub fn observed_generation(secret: Option<&Secret>) -> u64 {
         .unwrap_or(0)
 }
 
+/// The generation the next publication seals: one more than the Secret's. A Secret whose
+/// annotation is already at `u64::MAX` (only an edit by hand gets it there) is refused
+/// rather than wrapped to 0 or panicking.
+pub fn next_generation(secret: Option<&Secret>) -> Result<u64, GenerationExhausted> {
+    let observed = observed_generation(secret);
+    observed
+        .checked_add(1)
+        .ok_or(GenerationExhausted { observed })
+}
+
+/// The Secret's generation annotation cannot be incremented.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the grant Secret {SECRET_REF} records generation {observed} in its {GENERATION_ANNOTATION} \
+     annotation, which cannot be incremented; it was edited by hand: set the annotation to 0 \
+     (or delete the Secret and publish again). Nothing was written"
+)]
+pub struct GenerationExhausted {
+    /// The generation found.
+    pub observed: u64,
+}
+
 /// The grant entries to drop: those whose token is expired or gone. A grant whose token
 /// state is not in `tokens` is kept: not knowing is not a reason to destroy a live join.
 pub fn expired_grant_entries(
@@ -502,6 +524,23 @@ mod tests {
         );
         assert_eq!(pruned.metadata.resource_version.as_deref(), Some("41"));
         assert_eq!(pruned.metadata.annotations, observed.metadata.annotations);
+    }
+
+    #[test]
+    fn a_generation_at_u64_max_is_refused_not_wrapped() {
+        let mut at_max = secret_with(&[], &[]);
+        at_max
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(GENERATION_ANNOTATION.into(), u64::MAX.to_string());
+        assert_eq!(
+            next_generation(Some(&at_max)),
+            Err(GenerationExhausted { observed: u64::MAX })
+        );
+        assert_eq!(next_generation(Some(&secret_with(&[], &[]))), Ok(4));
+        assert_eq!(next_generation(None), Ok(1));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use health::Tuning;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{PATIENCE, eventually, get, read_response, send_raw, start};
+use crate::support::{PATIENCE, get, read_response, send_raw, start};
 
 /// Reads until the server closes the connection; errors (a reset) count as closed too.
 /// Returns what was received.
@@ -121,8 +121,11 @@ async fn oversized_heads_are_rejected() {
     r.stop().await;
 }
 
+/// Issue 17: clients that hold every connection slot (idle keep-alives, heads never
+/// sent) must not starve the kubelet's probes. A new connection evicts the oldest one, so
+/// a probe always gets through, and the listener still never holds more than its limit.
 #[tokio::test]
-async fn connections_beyond_the_limit_are_closed_not_queued() {
+async fn probes_get_through_when_clients_hold_every_slot() {
     let r = start(Tuning {
         max_connections: 4,
         header_read_timeout: Duration::from_secs(30),
@@ -131,41 +134,62 @@ async fn connections_beyond_the_limit_are_closed_not_queued() {
     .await;
     let probe = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
 
-    // Four keep-alive connections, each proven served, hold every slot.
+    // Two keep-alive connections, proven served, and two that never send a byte: every
+    // slot is held.
     let mut held = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..2 {
         let mut stream = TcpStream::connect(r.addr).await.unwrap();
         stream.write_all(probe).await.unwrap();
         assert_eq!(read_response(&mut stream).await.unwrap().body, b"ok");
         held.push(stream);
     }
+    for _ in 0..2 {
+        held.push(TcpStream::connect(r.addr).await.unwrap());
+    }
 
-    // The fifth is closed without an answer.
-    let mut extra = TcpStream::connect(r.addr).await.unwrap();
-    let _ = extra.write_all(probe).await;
-    let got = until_closed(&mut extra).await;
-    assert!(
-        got.is_empty(),
-        "over the limit, got {:?}",
-        String::from_utf8_lossy(&got)
-    );
-
-    // Freeing a slot lets a new connection in.
-    drop(held.pop());
-    eventually("a freed slot admits a new connection", async || {
-        send_raw(
+    // A probe, and then many more: each one is answered.
+    for i in 0..10 {
+        let reply = send_raw(
             r.addr,
             b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         )
         .await
-        .is_ok_and(|reply| reply.status == 200)
+        .unwrap_or_else(|e| panic!("probe {i} got no answer: {e}"));
+        assert_eq!(
+            (reply.status, reply.body),
+            (200, b"ok".to_vec()),
+            "probe {i}"
+        );
+    }
+
+    // The oldest holders were closed to make room.
+    let rest = until_closed(&mut held[0]).await;
+    assert!(rest.is_empty(), "{rest:?}");
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_flood_of_connections_is_bounded_and_the_newest_are_served() {
+    let r = start(Tuning {
+        max_connections: 4,
+        header_read_timeout: Duration::from_secs(30),
+        ..Tuning::default()
     })
     .await;
-
-    // The held connections were never disturbed.
-    for stream in &mut held {
-        stream.write_all(probe).await.unwrap();
-        assert_eq!(read_response(stream).await.unwrap().status, 200);
+    let probe = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    // Twenty connections opened and kept: only the newest four can still be open.
+    let mut flood = Vec::new();
+    for _ in 0..20 {
+        flood.push(TcpStream::connect(r.addr).await.unwrap());
+    }
+    // The newest is served.
+    let mut newest = flood.pop().unwrap();
+    newest.write_all(probe).await.unwrap();
+    assert_eq!(read_response(&mut newest).await.unwrap().status, 200);
+    // The first sixteen were closed by the server.
+    for stream in &mut flood[..16] {
+        let got = until_closed(stream).await;
+        assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
     }
     r.stop().await;
 }

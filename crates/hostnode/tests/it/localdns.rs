@@ -199,7 +199,7 @@ fn network_setup_is_idempotent_and_dnsmasq_answers() {
     assert_eq!(
         second,
         [
-            "ip -o link show dev outpost-dns",
+            "ip -d -o link show dev outpost-dns",
             "ip -o addr show dev outpost-dns"
         ]
     );
@@ -324,4 +324,79 @@ async fn a_silent_listener_hits_the_deadline_in_paused_time() {
         "{msg}"
     );
     drop(silent);
+}
+
+/// Issue 17: `node down`/`reset` clean up the LocalDNS interface by name; configured as
+/// `eth0`, the old cleanup deleted the node's uplink. Only the link the agent created
+/// (it carries the agent's alias) is deleted; anything else of that name stays, and
+/// setup refuses to take it over.
+#[test]
+fn cleanup_never_deletes_an_interface_the_agent_did_not_create() {
+    require_root("LocalDNS in a network namespace");
+    require_program("ip", "iproute2");
+    let netns = Netns::new("eth0");
+    sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &netns.name,
+            "ip",
+            "link",
+            "add",
+            "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth1",
+        ],
+    );
+    sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &netns.name,
+            "ip",
+            "addr",
+            "add",
+            "10.9.0.5/24",
+            "dev",
+            "eth0",
+        ],
+    );
+    let runner = InNetns {
+        netns: netns.name.clone(),
+        recorded: Arc::new(Mutex::new(Vec::new())),
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(localdns::cleanup_network(&runner, "eth0"))
+        .unwrap();
+    let show = |dev: &str| {
+        Command::new("ip")
+            .args(["netns", "exec", &netns.name, "ip", "link", "show", dev])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(show("eth0"), "cleanup deleted eth0");
+
+    let mut dns = spec(InterfaceKind::Bridge);
+    dns.interface = "eth0".into();
+    let err = rt
+        .block_on(localdns::setup_network(&runner, &dns))
+        .unwrap_err();
+    assert!(matches!(err, LocalDnsError::NotOurs { .. }), "{err}");
+    assert!(show("eth0"));
+
+    // What the agent creates, it removes.
+    let ours = spec(interface_kind(&netns.name));
+    rt.block_on(localdns::setup_network(&runner, &ours))
+        .unwrap();
+    assert!(show("outpost-dns"));
+    rt.block_on(localdns::cleanup_network(&runner, "outpost-dns"))
+        .unwrap();
+    assert!(!show("outpost-dns"), "the agent's own interface stayed");
 }

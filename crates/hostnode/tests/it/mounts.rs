@@ -25,6 +25,16 @@ impl Mounter for Observed {
             SyscallMounter.unmount_lazy(path).await
         })
     }
+
+    fn unmount_mount<'a>(&'a self, path: &'a Path, id: u32) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.order.lock().unwrap().push(path.to_path_buf());
+            if self.refuse.iter().any(|p| p == path) {
+                return Err("refused by the test (stands in for a mount that will not go)".into());
+            }
+            SyscallMounter.unmount_mount(path, id).await
+        })
+    }
 }
 
 #[test]
@@ -225,4 +235,168 @@ fn cni_reset_refuses_to_delete_through_a_mount() {
     assert_eq!(std::fs::read(mounted.join("keep")).unwrap(), b"on a mount");
     // What was not behind the mount is gone.
     assert!(!networks.exists());
+}
+
+/// Issue 19: a mount the table does not list (it appeared after the table was read, or
+/// the table is empty) is still recognised, by its mount identity, and kept with the
+/// file behind it. A bind mount of the same filesystem has the same device number, so
+/// only the mount id tells it apart.
+#[test]
+fn removal_keeps_mounts_missing_from_the_table() {
+    if !in_private_mount_ns(
+        module_path!(),
+        "removal_keeps_mounts_missing_from_the_table",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let k = HostRoot::new(tmp.path().join("root")).kubelet_dir();
+    std::fs::create_dir_all(k.join("pods/p0")).unwrap();
+    std::fs::write(k.join("pods/p0/f"), b"x").unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("rows"), b"must survive").unwrap();
+    let bind = k.join("pods/p1/volumes/kubernetes.io~local-volume/pv");
+    mount_bind(&data, &bind);
+    let tmpfs = k.join("pods/p2/volumes/kubernetes.io~secret/s");
+    mount_tmpfs(&tmpfs);
+    std::fs::write(tmpfs.join("token"), b"secret").unwrap();
+
+    // The table handed over is empty: as if both mounts came after it was read.
+    let report = hostnode::remove::remove_contents(&k, &[]).unwrap();
+    let mut kept = report.kept.clone();
+    kept.sort();
+    assert_eq!(kept, [bind.clone(), tmpfs.clone()]);
+    assert_eq!(std::fs::read(data.join("rows")).unwrap(), b"must survive");
+    assert_eq!(std::fs::read(bind.join("rows")).unwrap(), b"must survive");
+    assert_eq!(std::fs::read(tmpfs.join("token")).unwrap(), b"secret");
+    assert!(!k.join("pods/p0").exists());
+    assert_eq!(mounts_below(&k).len(), 2);
+}
+
+/// Issue 17: with `<root>/var` a symlink, the mount table names the real path. The
+/// kubelet directory is resolved first, so the bind mount below `pods/` is unmounted
+/// (not deleted through) and the data behind it survives.
+#[test]
+fn reset_resolves_a_symlinked_parent_before_matching_mounts() {
+    if !in_private_mount_ns(
+        module_path!(),
+        "reset_resolves_a_symlinked_parent_before_matching_mounts",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = HostRoot::new(tmp.path().join("root"));
+    std::fs::create_dir_all(tmp.path().join("real-var/lib/kubelet/pods/p1")).unwrap();
+    std::fs::create_dir_all(root.prefix()).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("real-var"), root.resolve("/var")).unwrap();
+    let k = root.kubelet_dir();
+    std::fs::write(k.join("cpu_manager_state"), b"{}").unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("rows"), b"must survive").unwrap();
+    // Mounted through the symlinked path; the table shows real-var.
+    let bind = k.join("pods/p1/volumes/kubernetes.io~local-volume/pv");
+    mount_bind(&data, &bind);
+
+    let report = block_on(hostnode::clear_kubelet_dir(&root, &SyscallMounter, None)).unwrap();
+    assert!(report.unmount_failures.is_none());
+    assert!(report.removed.kept.is_empty(), "{:?}", report.removed.kept);
+    assert_eq!(std::fs::read(data.join("rows")).unwrap(), b"must survive");
+    assert!(mounts_below(&tmp.path().join("real-var")).is_empty());
+    assert_eq!(std::fs::read_dir(&k).unwrap().count(), 0);
+}
+
+/// Issue 17: a kubelet directory that is itself a symlink is refused, naming it; nothing
+/// is unmounted or removed where it points.
+#[test]
+fn reset_refuses_a_kubelet_dir_that_is_a_symlink() {
+    if !in_private_mount_ns(
+        module_path!(),
+        "reset_refuses_a_kubelet_dir_that_is_a_symlink",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = HostRoot::new(tmp.path().join("root"));
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::create_dir_all(elsewhere.join("pods/p1")).unwrap();
+    std::fs::write(elsewhere.join("pods/p1/f"), b"keep").unwrap();
+    mount_tmpfs(&elsewhere.join("pods/p2"));
+    let k = root.kubelet_dir();
+    std::fs::create_dir_all(k.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &k).unwrap();
+
+    let err = block_on(hostnode::clear_kubelet_dir(&root, &SyscallMounter, None)).unwrap_err();
+    let msg = hostnode::error_chain(&err);
+    assert!(
+        msg.contains(k.to_str().unwrap()) && msg.contains("symlink"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read(elsewhere.join("pods/p1/f")).unwrap(), b"keep");
+    assert_eq!(mounts_below(&elsewhere), [elsewhere.join("pods/p2")]);
+}
+
+/// Issue 17: a dedicated disk mounted AT the kubelet directory stays mounted (nothing
+/// would mount it again); what is on it is removed and the pod volumes below it are
+/// unmounted.
+#[test]
+fn reset_keeps_a_disk_mounted_at_the_kubelet_dir() {
+    if !in_private_mount_ns(
+        module_path!(),
+        "reset_keeps_a_disk_mounted_at_the_kubelet_dir",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = HostRoot::new(tmp.path().join("root"));
+    let k = root.kubelet_dir();
+    mount_tmpfs(&k);
+    std::fs::create_dir_all(k.join("pods/p1")).unwrap();
+    std::fs::write(k.join("pods/p1/f"), b"x").unwrap();
+    mount_tmpfs(&k.join("pods/p2/volumes/kubernetes.io~secret/s"));
+
+    let report = block_on(hostnode::clear_kubelet_dir(&root, &SyscallMounter, None)).unwrap();
+    assert!(report.unmount_failures.is_none());
+    assert!(report.removed.kept.is_empty(), "{:?}", report.removed.kept);
+    assert_eq!(
+        mounts_below(&k),
+        vec![k.clone()],
+        "the disk at the kubelet dir stays"
+    );
+    assert_eq!(std::fs::read_dir(&k).unwrap().count(), 0);
+}
+
+/// The real unmount checks mount identity: a path that leads through a symlink, or to a
+/// mount other than the one the table named, is not detached.
+#[test]
+fn unmount_checks_the_mount_identity_and_never_follows_a_symlink() {
+    if !in_private_mount_ns(
+        module_path!(),
+        "unmount_checks_the_mount_identity_and_never_follows_a_symlink",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let elsewhere = tmp.path().join("elsewhere/vol");
+    mount_tmpfs(&elsewhere);
+    let id = hostnode::mountinfo::read(None)
+        .unwrap()
+        .into_iter()
+        .find(|m| m.mount_point == elsewhere)
+        .unwrap()
+        .id;
+    // A pod directory swapped for a symlink to where the mount really is.
+    let pod = tmp.path().join("k/pods/p");
+    std::fs::create_dir_all(pod.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("elsewhere"), &pod).unwrap();
+    let err = block_on(SyscallMounter.unmount_mount(&pod.join("vol"), id)).unwrap_err();
+    assert!(err.contains("symlink"), "{err}");
+    assert_eq!(mounts_below(&elsewhere), vec![elsewhere.clone()]);
+    // The right path with another mount's id: left alone.
+    block_on(SyscallMounter.unmount_mount(&elsewhere, id + 100_000)).unwrap();
+    assert_eq!(mounts_below(&elsewhere), vec![elsewhere.clone()]);
+    // The right path and id: detached.
+    block_on(SyscallMounter.unmount_mount(&elsewhere, id)).unwrap();
+    assert!(mounts_below(&elsewhere).is_empty());
 }

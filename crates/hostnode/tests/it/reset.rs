@@ -65,3 +65,56 @@ async fn host_runner_substitutes_programs_and_names_failures() {
         "cannot run `/nonexistent/ip link`: No such file or directory (os error 2)"
     );
 }
+
+/// Issue 17: host commands run with a deadline; a hung one is killed and the error names
+/// it, instead of the agent hanging with it.
+#[tokio::test]
+async fn a_hung_host_command_times_out_and_is_killed() {
+    use hostnode::runner::{Cmd, HostRunner, RunError, Runner};
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let pidfile = tmp.path().join("pid");
+    let fake = tmp.path().join("hung-systemctl");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\necho $$ > {}\nexec sleep 600\n",
+            pidfile.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let runner = HostRunner::new()
+        .with_program("systemctl", &fake)
+        .with_timeout(Duration::from_millis(500));
+    let err = runner
+        .run(&Cmd::new("systemctl", ["stop", "--", "kubelet.service"]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RunError::TimedOut { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("systemctl stop -- kubelet.service"),
+        "{err}"
+    );
+    // The process was killed, not left behind.
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for its reaper.
+        if state.is_empty() || state.split(' ').nth(2) == Some("Z") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the timed-out command still runs: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

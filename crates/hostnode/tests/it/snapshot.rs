@@ -139,3 +139,101 @@ async fn interrupted_restore_is_finished_by_restore_snapshot() {
     assert!(!restore_snapshot(&dir, &root).await.unwrap());
     assert!(!Path::new(&dir).exists());
 }
+
+/// Issue 19: a snapshot that fails half way (its directory fills up) must leave nothing
+/// `load` accepts, and a restore afterwards must change nothing. Catches a take that
+/// writes the manifest before the saved copies.
+#[test]
+fn a_snapshot_that_runs_out_of_space_leaves_nothing_to_restore() {
+    if !crate::support::in_private_mount_ns(
+        module_path!(),
+        "a_snapshot_that_runs_out_of_space_leaves_nothing_to_restore",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = HostRoot::new(tmp.path().join("root"));
+    let paths: Vec<String> = (0..3)
+        .map(|i| format!("/etc/outpost/big-{i}.conf"))
+        .collect();
+    for (i, p) in paths.iter().enumerate() {
+        write(&root, p, &vec![b'a' + i as u8; 30_000], 0o644, (0, 0));
+    }
+    let before: Vec<_> = paths.iter().map(|p| state(&root, p)).collect();
+    let inodes: Vec<u64> = paths
+        .iter()
+        .map(|p| std::fs::metadata(root.resolve(p)).unwrap().ino())
+        .collect();
+    // Room for one saved copy, not three.
+    let small = tmp.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    crate::support::sh(
+        "mount",
+        &[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=48k",
+            "tmpfs",
+            small.to_str().unwrap(),
+        ],
+    );
+    let dir = small.join("snap");
+
+    let err = take_snapshot_of(&dir, &root, &paths).unwrap_err();
+    assert!(
+        hostnode::error_chain(&err).contains("No space left"),
+        "{}",
+        hostnode::error_chain(&err)
+    );
+    assert!(
+        hostnode::snapshot::load(&dir, &root).unwrap().is_none(),
+        "a half-written snapshot is accepted"
+    );
+    assert!(!hostnode::snapshot::exists(&dir));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    assert!(!rt.block_on(restore_snapshot(&dir, &root)).unwrap());
+    let after: Vec<_> = paths.iter().map(|p| state(&root, p)).collect();
+    assert_eq!(after, before, "the restore changed the live files");
+    let inodes_after: Vec<u64> = paths
+        .iter()
+        .map(|p| std::fs::metadata(root.resolve(p)).unwrap().ino())
+        .collect();
+    assert_eq!(inodes_after, inodes, "the restore rewrote the live files");
+}
+
+/// Issue 19: a restore replaces each file by renaming a complete copy over it; it never
+/// rewrites the live file in place (a reader would see it torn, and a crash would leave
+/// it half written). A hard link taken before the restore keeps what it held.
+#[tokio::test]
+async fn restore_replaces_files_by_rename_not_in_place() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = HostRoot::new(tmp.path().join("root"));
+    let path = "/etc/kubernetes/kubelet/config.yaml";
+    let live = root.resolve(path);
+    std::fs::create_dir_all(live.parent().unwrap()).unwrap();
+    std::fs::write(&live, b"kind: KubeletConfiguration\nmaxPods: 110\n").unwrap();
+    let dir = tmp.path().join("snap");
+    let mut snap = take_snapshot_of(&dir, &root, &[path.to_string()]).unwrap();
+
+    std::fs::write(&live, b"upgraded\n").unwrap();
+    let link = tmp.path().join("held-by-a-reader");
+    std::fs::hard_link(&live, &link).unwrap();
+    let inode = std::fs::metadata(&live).unwrap().ino();
+
+    snap.restore().await.unwrap();
+    assert_eq!(
+        std::fs::read(&live).unwrap(),
+        b"kind: KubeletConfiguration\nmaxPods: 110\n"
+    );
+    assert_ne!(
+        std::fs::metadata(&live).unwrap().ino(),
+        inode,
+        "the live file was rewritten in place"
+    );
+    assert_eq!(std::fs::read(&link).unwrap(), b"upgraded\n");
+    snap.discard();
+}
