@@ -12,12 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use ha::discovery;
 use ha::etcd::learner::linearizable_member_list;
 use ha::etcd::{EtcdOptions, MemberInfo};
-use ha::tokens::BootstrapToken;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use testkube::ApiServer;
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -217,15 +215,27 @@ pub struct Join {
 }
 
 impl Cluster {
+    /// The first controller's shared PKI, and the API double serving as that cluster's API
+    /// server (certificates from its CA, the bootstrap signer on).
     pub async fn new() -> anyhow::Result<Cluster> {
         let etcd = etcd_binary()?;
-        Ok(Cluster {
-            api: ApiServer::start().await?,
-            dir: tempfile::tempdir()?,
+        let dir = tempfile::tempdir()?;
+        let pki0 = dir.path().join("cp1/kubernetes/pki");
+        pki::generate_shared(&pki0, false)?;
+        let api = ApiServer::builder()
+            .pki_dir(&pki0)
+            .bootstrap_signer(true)
+            .start()
+            .await?;
+        let mut c = Cluster {
+            api,
+            dir,
             octet: cluster_octet(),
             nodes: Vec::new(),
             etcd,
-        })
+        };
+        c.plan(None, "60s")?;
+        Ok(c)
     }
 
     /// Plans node `cpN` with its own address and free ports; `etcd_binary` overrides the
@@ -273,13 +283,13 @@ impl Cluster {
 
     /// Bootstraps node 0 and waits for its etcd and cluster-info.
     pub async fn bootstrap(&mut self) -> anyhow::Result<Proc> {
-        self.plan(None, "60s")?;
         let mut p = self.up(0)?;
         p.wait_log("bootstrap objects in place").await?;
         Ok(p)
     }
 
-    /// `token create --control-plane` on node 0, then the cluster-info signature for it.
+    /// `token create --control-plane` on node 0; the API double's bootstrap signer signs
+    /// cluster-info for it.
     pub async fn mint(&self, ttl: &str) -> anyhow::Result<Join> {
         let n0 = &self.nodes[0];
         let out = Command::new(env!("CARGO_BIN_EXE_stratum-server"))
@@ -306,19 +316,11 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         let json: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        let token = json["token"].as_str().context("token")?.to_string();
-        sign_cluster_info(&self.api.client(), &BootstrapToken::parse(&token)?).await?;
         Ok(Join {
-            token,
+            token: json["token"].as_str().context("token")?.to_string(),
             key: json["certificateKey"].as_str().context("key")?.to_string(),
-            pin: self.api_pin()?,
+            pin: json["caCertHash"].as_str().context("pin")?.to_string(),
         })
-    }
-
-    /// The pin of the CA cluster-info publishes: the CA the API server's certificate
-    /// chains to.
-    pub fn api_pin(&self) -> anyhow::Result<String> {
-        Ok(pki::ca_cert_hash(self.api.ca_pem().as_bytes())?)
     }
 
     pub fn join_args(&self, i: usize, join: &Join, pin: &str) -> Vec<String> {
@@ -332,8 +334,9 @@ impl Cluster {
             pin.to_string(),
             "--control-plane".into(),
         ];
+        // No --kubeconfig: after the join its own admin.conf (issued from the downloaded
+        // CA) reaches the API double, which serves with that CA.
         args.extend(self.nodes[i].flags());
-        args.extend(["--kubeconfig".into(), self.kubeconfig()]);
         args
     }
 
@@ -469,47 +472,6 @@ impl Cluster {
     }
 }
 
-/// Signs cluster-info for `token`, as kube-controller-manager's bootstrap signer does.
-pub async fn sign_cluster_info(
-    client: &kube::Client,
-    token: &BootstrapToken,
-) -> anyhow::Result<()> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), discovery::CLUSTER_INFO_NAMESPACE);
-    let cm = api.get(discovery::CLUSTER_INFO_NAME).await?;
-    let kubeconfig = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get(discovery::KUBECONFIG_KEY))
-        .context("cluster-info without kubeconfig")?;
-    let patch = serde_json::json!({"data": {
-        discovery::jws_key(token.id()): discovery::sign_detached(kubeconfig.as_bytes(), token),
-    }});
-    api.patch(
-        discovery::CLUSTER_INFO_NAME,
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await?;
-    Ok(())
-}
-
-/// Drops `token`'s cluster-info signature, as the bootstrap signer does for a token
-/// that expired or was deleted.
-pub async fn unsign_cluster_info(
-    client: &kube::Client,
-    token: &BootstrapToken,
-) -> anyhow::Result<()> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), discovery::CLUSTER_INFO_NAMESPACE);
-    let patch = serde_json::json!({"data": {discovery::jws_key(token.id()): null}});
-    api.patch(
-        discovery::CLUSTER_INFO_NAME,
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await?;
-    Ok(())
-}
-
 /// Every file under `dir` (none when it does not exist).
 fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -593,11 +555,59 @@ async fn one_controller_grows_to_three_and_survives_losing_its_leader() -> anyho
     // SIGKILL leaves the supervised etcd behind: kill it too, as a host crash would.
     kill_etcd_of(&c.nodes[leader_idx])?;
     let rest: Vec<usize> = (0..3).filter(|i| *i != leader_idx).collect();
-    // Right after the kill the survivors may still name the dead leader (for up to an
-    // election timeout); healthy means they agree on a live one.
-    let health = c.wait_healthy_with(&rest, Some(&leader)).await?;
+    // `etcd health` checks every voting member of the member list, so it names the dead
+    // one; the two survivors keep quorum and agree on a new, live leader.
+    let dead = c.nodes[leader_idx].client_url.clone();
+    let start = tokio::time::Instant::now();
+    loop {
+        let (ok, out) = c.health(&rest)?;
+        assert!(!ok, "a dead voting member must fail health: {out}");
+        let json_end = out.rfind('}').map(|i| i + 1).unwrap_or(out.len());
+        let json: serde_json::Value = serde_json::from_str(&out[..json_end])?;
+        let live: Vec<&serde_json::Value> = json["members"]
+            .as_array()
+            .context("members")?
+            .iter()
+            .filter(|m| m["endpoint"] != dead.as_str())
+            .collect();
+        let leaders: Vec<String> = live
+            .iter()
+            .map(|m| format!("{:x}", m["leader"].as_u64().unwrap_or(0)))
+            .collect();
+        let problems = json["problems"].as_array().context("problems")?;
+        if live.len() == 2
+            && leaders
+                .iter()
+                .all(|l| l != "0" && *l != leader && *l == leaders[0])
+            && problems.iter().all(|p| p["endpoint"] == dead.as_str())
+        {
+            break;
+        }
+        ensure!(
+            start.elapsed() < DEADLINE,
+            "no new leader among the survivors: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Once the dead member is removed, the two are a healthy cluster.
+    let opts = ha::join::etcd_options(&c.nodes[rest[0]].pki());
+    ha::etcd::member_remove(
+        &opts,
+        &c.endpoints(&rest),
+        &members[leader_idx_member(&members, &c.nodes[leader_idx].name)?].peer_urls[0],
+    )
+    .await?;
+    let health = c.wait_healthy(&rest).await?;
     assert_eq!(health["members"].as_array().map(Vec::len), Some(2));
+    assert_ne!(health["leader"].as_str(), Some(leader.as_str()));
     Ok(())
+}
+
+fn leader_idx_member(members: &[MemberInfo], name: &str) -> anyhow::Result<usize> {
+    members
+        .iter()
+        .position(|m| m.name == name)
+        .context("member not listed")
 }
 
 /// SIGKILLs the etcd process serving `node` (found by its data directory in /proc).
@@ -723,11 +733,10 @@ async fn a_wrong_pin_key_or_expired_token_is_refused_before_anything_is_written(
     assert!(!p.wait().await?.success());
     assert!(p.log().contains("cannot be opened"), "{}", p.log());
 
-    // A token that expired: the bootstrap signer drops its signature once the token
-    // cleaner removes it (done here by hand until the API double signs).
+    // A token that expired: the token cleaner deletes it and the bootstrap signer drops
+    // its signature.
     let expired = c.mint("1s").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    unsign_cluster_info(&c.api.client(), &BootstrapToken::parse(&expired.token)?).await?;
     let mut p = spawn(
         "join expired token",
         &c.join_args(1, &expired, &expired.pin),
