@@ -1,5 +1,6 @@
 //! `stratum-server operator`: prune expired grants and report the certificate-key's age on
-//! an interval (`ha::operator`).
+//! an interval while holding the Lease `kube-system/stratum-operator` (`ha::operator`,
+//! `daemon::lease`); `/metrics` and `/status` on the admin listener.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,9 +17,15 @@ pub struct OperatorArgs {
     /// Time between passes (e.g. 1m, 30s).
     #[arg(long, default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
     pub interval: Duration,
-    /// Run one pass, print its report as JSON, and exit.
+    /// Run one pass, print its report as JSON, and exit (no election).
     #[arg(long)]
     pub once: bool,
+    /// The admin listener: /metrics and /status.
+    #[arg(long, default_value = "127.0.0.1:9105", value_name = "ADDR")]
+    pub admin_listen: String,
+    /// This replica's identity in the Lease (default: host name and process ID).
+    #[arg(long, value_name = "ID")]
+    pub identity: Option<String>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -48,17 +55,39 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
     }
+    let listener = daemon::AdminServer::bind(&args.admin_listen).await?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
     let shutdown = cmdline::shutdown_token();
-    loop {
-        match ha::operator::pass(&client, chrono::Utc::now()).await {
-            Ok(r) => {
-                tracing::info!(pruned = ?r.pruned, key_age_seconds = ?r.key_age_seconds, "operator pass")
-            }
-            Err(e) => tracing::warn!("operator pass failed: {e:#}"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(args.interval) => {}
-            _ = shutdown.cancelled() => return Ok(ExitCode::SUCCESS),
-        }
-    }
+    let election = daemon::LeaderElection::new(
+        client.clone(),
+        daemon::LeaseConfig::new(
+            ha::operator::LEASE_NAMESPACE,
+            ha::operator::LEASE_NAME,
+            identity,
+        ),
+    )?;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("stratum");
+    let metrics = ha::operator::Metrics::default();
+    metrics.register(&mut registry);
+    election.register_metrics(registry.sub_registry_with_prefix("operator"));
+    let (leader, election_task) = election.spawn(shutdown.clone());
+    let status_leader = leader.clone();
+    let admin = daemon::AdminServer::new(registry).with_status(move || {
+        let s = status_leader.status();
+        serde_json::json!({"leader": status_leader.is_leader(), "holder": s.holder, "transitions": s.transitions})
+    });
+    let admin_task = tokio::spawn(admin.serve(listener, shutdown.clone()));
+    let is_leader = {
+        let leader = leader.clone();
+        move || leader.is_leader()
+    };
+    ha::operator::run(&client, args.interval, is_leader, &metrics, &shutdown).await;
+    election_task
+        .await
+        .context("the leader election task failed")?;
+    admin_task.await.context("the admin listener failed")?;
+    Ok(ExitCode::SUCCESS)
 }

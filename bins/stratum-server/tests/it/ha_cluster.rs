@@ -912,3 +912,138 @@ async fn operator_prunes_the_grants_of_expired_tokens_and_reports_the_key_age() 
     assert_eq!(again.metadata.resource_version, rv);
     Ok(())
 }
+
+fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_operator_holds_its_lease_prunes_as_leader_and_serves_metrics() -> anyhow::Result<()> {
+    let api = ApiServer::start().await?;
+    let client = api.client();
+    let pki = tempfile::tempdir()?;
+    pki::generate_shared(pki.path(), false)?;
+    let minted = ha::tokens::create_token(
+        &client,
+        ha::tokens::TokenRole::ControlPlane,
+        Duration::from_secs(1),
+        None,
+        chrono::Utc::now(),
+    )
+    .await?;
+    ha::grants::upload_certs(
+        &client,
+        &ha::grants::CertKey::generate(),
+        &ha::grants::GrantOwner::from(&minted),
+        &ha::grants::read_bundle_files(pki.path())?,
+        &ha::grants::UploadProfile::default(),
+        ha::grants::no_confirm,
+    )
+    .await?;
+    let entry = ha::grants::grant_entry_name(minted.token.id());
+    // A live grant keeps the Secret (garbage collection would remove it with its last
+    // owning token otherwise).
+    let live = ha::tokens::create_token(
+        &client,
+        ha::tokens::TokenRole::ControlPlane,
+        Duration::from_secs(3600),
+        None,
+        chrono::Utc::now(),
+    )
+    .await?;
+    ha::grants::upload_certs(
+        &client,
+        &ha::grants::CertKey::generate(),
+        &ha::grants::GrantOwner::from(&live),
+        &ha::grants::read_bundle_files(pki.path())?,
+        &ha::grants::UploadProfile::default(),
+        ha::grants::no_confirm,
+    )
+    .await?;
+    let kubeconfig = api.kubeconfig_path().display().to_string();
+    let admin = |_: ()| -> anyhow::Result<String> {
+        Ok(format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST)?))
+    };
+    let (admin_a, admin_b) = (admin(())?, admin(())?);
+    let op = |id: &str, addr: &str| {
+        spawn(
+            &format!("operator {id}"),
+            &[
+                "operator".into(),
+                "--kubeconfig".into(),
+                kubeconfig.clone(),
+                "--interval".into(),
+                "1s".into(),
+                "--identity".into(),
+                id.into(),
+                "--admin-listen".into(),
+                addr.into(),
+            ],
+            &[],
+        )
+    };
+    let mut a = op("operator-a", &admin_a)?;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "kube-system");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "kube-system");
+    let start = tokio::time::Instant::now();
+    loop {
+        let holder = leases
+            .get_opt(ha::operator::LEASE_NAME)
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity);
+        let pruned = secrets
+            .get_opt(ha::grants::SECRET_NAME)
+            .await?
+            .is_some_and(|s| !s.data.unwrap_or_default().contains_key(&entry));
+        if holder.as_deref() == Some("operator-a") && pruned {
+            break;
+        }
+        if let Some(st) = a.child.try_wait()? {
+            bail!("operator exited ({st}):\n{}", a.log());
+        }
+        ensure!(
+            start.elapsed() < DEADLINE,
+            "no lease or no prune:\n{}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let start = tokio::time::Instant::now();
+    loop {
+        let metrics = http_get(&admin_a, "/metrics")?;
+        if metrics.contains("stratum_grants_pruned_total 1") {
+            assert!(
+                metrics.contains("stratum_certificate_key_age_seconds"),
+                "{metrics}"
+            );
+            break;
+        }
+        ensure!(start.elapsed() < DEADLINE, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // A second replica stands by: the Lease stays with the first.
+    let mut b = op("operator-b", &admin_b)?;
+    b.wait_log("admin listener").await?;
+    let status = http_get(&admin_b, "/status")?;
+    assert!(status.contains("\"leader\":false"), "{status}");
+    let lease = leases.get(ha::operator::LEASE_NAME).await?;
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("operator-a")
+    );
+    drop(a);
+    drop(b);
+    Ok(())
+}
