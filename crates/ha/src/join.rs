@@ -450,10 +450,28 @@ pub async fn prepare_control_plane_join(
     let added = match added {
         Ok(a) => a,
         Err(e) => {
-            // Refused or timed out: the linearizable list at each attempt found no member
-            // with this peer URL, so nothing is left; the intent is cleared.
+            // Refused or timed out. An add whose answer was lost may still have been
+            // applied: clear the intent only once a linearizable list shows no member with
+            // this peer URL; otherwise remove it, and keep the intent if that fails.
             let journal = JoinIntentJournal::new(&opts.data_dir);
-            if let Err(clear) = journal.clear() {
+            let present = match learner::linearizable_member_list(&etcd_opts, &a.endpoints).await {
+                Ok((_, members)) => Some(members.iter().any(|m| m.peer_urls.contains(&peer_url))),
+                Err(list) => {
+                    warn!(
+                        "cannot confirm that no member was added ({list}); the join intent is kept"
+                    );
+                    None
+                }
+            };
+            let removed = match present {
+                Some(false) => true,
+                Some(true) => etcd::member_remove(&etcd_opts, &a.endpoints, &peer_url)
+                    .await
+                    .inspect_err(|r| warn!("cannot remove the member the failed add left: {r}"))
+                    .is_ok(),
+                None => false,
+            };
+            if removed && let Err(clear) = journal.clear() {
                 warn!("cannot clear the join intent after a failed add: {clear}");
             }
             return Err(JoinError::Add(e));
