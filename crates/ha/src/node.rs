@@ -152,6 +152,9 @@ pub enum UpError {
         /// What the rollback did.
         rollback: String,
     },
+    /// The admin listener could not bind.
+    #[error("admin listener: {0}")]
+    Admin(String),
     /// Interrupted during bootstrap preparation.
     #[error("interrupted before the step \"{next}\"")]
     Cancelled {
@@ -422,6 +425,18 @@ pub async fn run_node(
         Backoff::default(),
     )?;
     let etcd_opts = etcd_options(&state.pki_dir);
+    let admin_stop = shutdown.child_token();
+    let admin_task = match &run.config.admin_listen {
+        Some(addr) => {
+            let listener = daemon::AdminServer::bind(addr)
+                .await
+                .map_err(|e| UpError::Admin(e.to_string()))?;
+            Some(tokio::spawn(
+                admin_server(&sup, &state).serve(listener, admin_stop.clone()),
+            ))
+        }
+        None => None,
+    };
     // Wait for the local member.
     let deadline = tokio::time::Instant::now() + run.config.etcd.start_timeout;
     loop {
@@ -502,7 +517,74 @@ pub async fn run_node(
     shutdown.cancelled().await;
     info!("shutting down: stopping components in reverse start order");
     sup.stop().await;
+    admin_stop.cancel();
+    if let Some(task) = admin_task {
+        let _ = task.await;
+    }
     Ok(UpOutcome::Stopped)
+}
+
+/// `/metrics` (`stratum_component_starts{component}`, `stratum_component_running{component}`)
+/// and `/status` (node, member, learner, every child) for a running node.
+fn admin_server(sup: &Supervisor, state: &NodeState) -> daemon::AdminServer {
+    use prometheus_client::collector::Collector;
+    use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
+    use prometheus_client::metrics::gauge::ConstGauge;
+
+    struct Children<F>(F);
+    impl<F> std::fmt::Debug for Children<F> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Children")
+        }
+    }
+    impl<F: Fn() -> Vec<supervisor::ComponentStatus> + Send + Sync + 'static> Collector
+        for Children<F>
+    {
+        fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            let status = (self.0)();
+            for (name, help, value) in [
+                (
+                    "component_starts",
+                    "Times each supervised component was started",
+                    0usize,
+                ),
+                (
+                    "component_running",
+                    "1 while the supervised component runs",
+                    1usize,
+                ),
+            ] {
+                let mut metric = encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    prometheus_client::metrics::MetricType::Gauge,
+                )?;
+                for c in &status {
+                    let v = if value == 0 {
+                        i64::from(c.starts)
+                    } else {
+                        i64::from(c.pid.is_some())
+                    };
+                    let labels = [("component".to_string(), c.name.clone())];
+                    ConstGauge::new(v).encode(metric.encode_family(&labels)?)?;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    let mut registry = prometheus_client::registry::Registry::with_prefix("stratum");
+    registry.register_collector(Box::new(Children(sup.status_reader())));
+    let read = sup.status_reader();
+    let (node, member, learner) = (
+        state.node_name.clone(),
+        state.etcd.client_url.clone(),
+        state.etcd.learner,
+    );
+    daemon::AdminServer::new(registry).with_status(move || {
+        serde_json::json!({"node": node, "etcdClientURL": member, "learnerAtStart": learner, "components": read()})
+    })
 }
 
 /// API-side effects after the member runs, best effort (logged, retried a few times): the

@@ -181,6 +181,12 @@ impl Supervisor {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// A cloneable reader of [`Supervisor::status`], for an admin listener.
+    pub fn status_reader(&self) -> impl Fn() -> Vec<ComponentStatus> + Send + Sync + 'static {
+        let status = self.status.clone();
+        move || status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
     /// Stops the children in reverse start order, waiting for each before the next.
     pub async fn stop(self) {
         for (name, stop, handle) in self.tasks.into_iter().rev() {

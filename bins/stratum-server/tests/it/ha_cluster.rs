@@ -52,6 +52,8 @@ pub struct Node {
     pub ip: Ipv4Addr,
     pub root: PathBuf,
     pub client_url: String,
+    /// The admin listener of its `up`/`join`.
+    pub admin: String,
 }
 
 impl Node {
@@ -251,9 +253,11 @@ impl Cluster {
         let name = format!("cp{}", i + 1);
         let root = self.dir.path().join(&name);
         std::fs::create_dir_all(&root)?;
+        let admin = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST)?);
         let node = Node {
             name,
             ip,
+            admin: admin.clone(),
             client_url: format!("https://{ip}:{cp}"),
             root,
         };
@@ -261,7 +265,7 @@ impl Cluster {
         std::fs::write(
             node.config(),
             format!(
-                "discoveryTimeout: 10s\netcd:\n  binary: {}\n  clientPort: {cp}\n  peerPort: {pp}\n  startTimeout: {start_timeout}\n",
+                "adminListen: {admin}\ndiscoveryTimeout: 10s\netcd:\n  binary: {}\n  clientPort: {cp}\n  peerPort: {pp}\n  startTimeout: {start_timeout}\n",
                 binary.display()
             ),
         )?;
@@ -508,6 +512,15 @@ async fn one_controller_grows_to_three_and_survives_losing_its_leader() -> anyho
         )
         .await?;
     assert_eq!(members.len(), 3, "{members:?}");
+
+    // Each node's admin listener reports its supervised etcd.
+    let metrics = http_get(&c.nodes[1].admin, "/metrics")?;
+    assert!(
+        metrics.contains("stratum_component_running{component=\"etcd\"} 1"),
+        "{metrics}"
+    );
+    let status = http_get(&c.nodes[1].admin, "/status")?;
+    assert!(status.contains("\"node\":\"cp2\""), "{status}");
 
     // Health over all three: one leader.
     let health = c.wait_healthy(&[0, 1, 2]).await?;
