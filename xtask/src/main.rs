@@ -128,6 +128,12 @@ const BENCHES: &[(&str, &str, &str, &str)] = &[
         "etcd",
         "member add to healthy and a 3-member health check on real etcd, against one status call",
     ),
+    (
+        "join",
+        "ha",
+        "join",
+        "control-plane join to a healthy voter against etcd's own learner floor; 3 concurrent vs 3 sequential joins",
+    ),
 ];
 
 fn main() -> ExitCode {

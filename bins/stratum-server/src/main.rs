@@ -11,8 +11,11 @@ use clap::{Parser, Subcommand};
 
 mod certs_cmd;
 mod etcd_cmd;
+mod join_cmd;
 mod nodes_cmd;
+mod operator_cmd;
 mod token_cmd;
+mod up_cmd;
 
 /// The control-plane host daemon.
 #[derive(Debug, Parser)]
@@ -38,6 +41,13 @@ enum Command {
     /// etcd cluster health and membership.
     #[command(subcommand)]
     Etcd(etcd_cmd::Command),
+    /// Bootstrap the first controller, or start this node from its state; supervise etcd
+    /// until SIGTERM.
+    Up(up_cmd::UpArgs),
+    /// Join this node to a cluster as an additional control plane, then run it as `up`.
+    Join(join_cmd::JoinArgs),
+    /// Prune expired cert grants and report the certificate-key's age, on an interval.
+    Operator(operator_cmd::OperatorArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +60,9 @@ fn main() -> ExitCode {
             Command::Certs(cmd) => certs_cmd::run(cmd).await,
             Command::Token(cmd) => token_cmd::run(cmd).await,
             Command::Etcd(cmd) => etcd_cmd::run(cmd).await,
+            Command::Up(args) => up_cmd::run(args).await,
+            Command::Join(args) => join_cmd::run(args).await,
+            Command::Operator(args) => operator_cmd::run(args).await,
         }
     })
 }

@@ -16,6 +16,7 @@
 //!   member list, fails closed).
 //! - Storage: [`etcd_storage_at`], [`downgrade_etcd`].
 
+pub mod learner;
 pub mod rules;
 
 use std::path::PathBuf;
@@ -759,8 +760,11 @@ pub struct JoinState {
 /// The member count and whether a join bundle is published, both read linearizably (the
 /// client's default), so neither is a stale answer from a lagging member.
 pub async fn join_state(opts: &EtcdOptions, endpoints: &[String]) -> Result<JoinState, EtcdError> {
-    let (_, members) = member_list_via(opts, endpoints).await?;
-    let (_, count) = first_answer(
+    // The linearizable read goes first, and the member list is then asked of the member
+    // that answered it: etcd 3.4's MemberList has no linearizable option (etcd-client sends
+    // it as false), but membership changes go through the same log, so a member that has
+    // served a linearizable read lists every change committed before it.
+    let (answered, count) = first_answer(
         opts,
         endpoints,
         "read the join bundle key",
@@ -775,6 +779,7 @@ pub async fn join_state(opts: &EtcdOptions, endpoints: &[String]) -> Result<Join
         },
     )
     .await?;
+    let (_, members) = member_list_via(opts, &[answered]).await?;
     Ok(JoinState {
         members: members.len(),
         bundle: count > 0,

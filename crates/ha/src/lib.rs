@@ -1,8 +1,24 @@
 //! Grows a control plane from one controller to several without risking etcd quorum or
 //! leaking the cluster's CA keys.
+//!
+//! Part 1 (library): [`tokens`], [`grants`], [`etcd`] membership and health, the
+//! [`journal`]. Part 2 (the commands that use it): [`discovery`] (pinned token
+//! discovery), [`assembly`] (the shared node steps in their pinned order), [`join`]
+//! (a control plane joining as an etcd learner), [`node`] (`up`: bootstrap or start, then
+//! supervise), [`supervisor`] (children with restart backoff), [`bootstrap`] (the objects
+//! the first controller publishes), [`nodestate`] (what a node persists) and
+//! [`operator`] (grant pruning and certificate-key age).
 
 pub mod admins;
+pub mod assembly;
+pub mod bootstrap;
+pub mod discovery;
 pub mod etcd;
 pub mod grants;
+pub mod join;
 pub mod journal;
+pub mod node;
+pub mod nodestate;
+pub mod operator;
+pub mod supervisor;
 pub mod tokens;

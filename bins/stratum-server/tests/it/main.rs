@@ -1,4 +1,5 @@
 //! Tests that run the stratum-server binary as a process.
 
 mod certs_etcd;
+mod ha_cluster;
 mod token;

@@ -4,3 +4,4 @@
 mod etcd;
 mod etcd_harness;
 mod grants;
+mod learner;

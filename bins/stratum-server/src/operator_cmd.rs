@@ -1,0 +1,93 @@
+//! `stratum-server operator`: prune expired grants and report the certificate-key's age on
+//! an interval while holding the Lease `kube-system/stratum-operator` (`ha::operator`,
+//! `daemon::lease`); `/metrics` and `/status` on the admin listener.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+/// Flags of `stratum-server operator`.
+#[derive(Debug, clap::Args)]
+pub struct OperatorArgs {
+    /// kubeconfig file. Without it: $KUBECONFIG, then ~/.kube/config, then in-cluster.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Time between passes (e.g. 1m, 30s).
+    #[arg(long, default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
+    pub interval: Duration,
+    /// Run one pass, print its report as JSON, and exit (no election).
+    #[arg(long)]
+    pub once: bool,
+    /// The admin listener: /metrics and /status.
+    #[arg(long, default_value = "127.0.0.1:9105", value_name = "ADDR")]
+    pub admin_listen: String,
+    /// This replica's identity in the Lease (default: host name and process ID).
+    #[arg(long, value_name = "ID")]
+    pub identity: Option<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e}: write a duration such as 30s or 1m"))
+}
+
+async fn client(path: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    let config = match path {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p)
+                .with_context(|| format!("cannot read kubeconfig {}", p.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("cannot use kubeconfig {}", p.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("cannot find a kubeconfig: pass --kubeconfig or set KUBECONFIG")?,
+    };
+    kube::Client::try_from(config).context("cannot build an API client")
+}
+
+pub async fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
+    let client = client(args.kubeconfig.as_ref()).await?;
+    if args.once {
+        let report = ha::operator::pass(&client, chrono::Utc::now()).await?;
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let listener = daemon::AdminServer::bind(&args.admin_listen).await?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let shutdown = cmdline::shutdown_token();
+    let election = daemon::LeaderElection::new(
+        client.clone(),
+        daemon::LeaseConfig::new(
+            ha::operator::LEASE_NAMESPACE,
+            ha::operator::LEASE_NAME,
+            identity,
+        ),
+    )?;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("stratum");
+    let metrics = ha::operator::Metrics::default();
+    metrics.register(&mut registry);
+    election.register_metrics(registry.sub_registry_with_prefix("operator"));
+    let (leader, election_task) = election.spawn(shutdown.clone());
+    let status_leader = leader.clone();
+    let admin = daemon::AdminServer::new(registry).with_status(move || {
+        let s = status_leader.status();
+        serde_json::json!({"leader": status_leader.is_leader(), "holder": s.holder, "transitions": s.transitions})
+    });
+    let admin_task = tokio::spawn(admin.serve(listener, shutdown.clone()));
+    let is_leader = {
+        let leader = leader.clone();
+        move || leader.is_leader()
+    };
+    ha::operator::run(&client, args.interval, is_leader, &metrics, &shutdown).await;
+    election_task
+        .await
+        .context("the leader election task failed")?;
+    admin_task.await.context("the admin listener failed")?;
+    Ok(ExitCode::SUCCESS)
+}
