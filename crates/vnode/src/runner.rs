@@ -1,0 +1,83 @@
+//! The runner of one provider: its node controller and pod controller, together.
+
+use std::sync::Arc;
+
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::crash::CrashHook;
+use crate::handler::Handler;
+use crate::metrics::Metrics;
+use crate::node::{NodeAdvert, NodeError, run_node};
+use crate::pods::{PodControllerConfig, run_pods};
+use crate::provider::Provider;
+
+/// One provider's virtual node: node registration and lease, pod lifecycle, notify loop.
+pub struct Runner {
+    client: Client,
+    handler: Arc<Handler>,
+    advert: NodeAdvert,
+    metrics: Arc<Metrics>,
+    pods: PodControllerConfig,
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("provider", &self.handler.provider().name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runner {
+    /// A runner for `provider`. `crash` is a test hook run at each crash point.
+    pub fn new(
+        client: Client,
+        provider: Arc<dyn Provider>,
+        advert: NodeAdvert,
+        metrics: Arc<Metrics>,
+        pods: PodControllerConfig,
+        crash: Option<CrashHook>,
+    ) -> Runner {
+        let handler = Arc::new(Handler::new(provider, metrics.clone(), crash));
+        Runner {
+            client,
+            handler,
+            advert,
+            metrics,
+            pods,
+        }
+    }
+
+    /// The handler (the kubelet API asks it which pods it tracks).
+    pub fn handler(&self) -> &Arc<Handler> {
+        &self.handler
+    }
+
+    /// Runs until `cancel` fires. A fresh handler map each time it starts leading is what
+    /// a new leader has: everything it needs is re-adopted from the provider's list.
+    pub async fn run(&self, cancel: CancellationToken) -> Result<(), NodeError> {
+        let provider = self.handler.provider().clone();
+        info!(provider = %provider.name(), "virtual node runner starting");
+        let node = tokio::spawn(run_node(
+            self.client.clone(),
+            provider.clone(),
+            self.advert.clone(),
+            cancel.clone(),
+        ));
+        let pods = run_pods(
+            self.client.clone(),
+            self.handler.clone(),
+            self.metrics.clone(),
+            self.pods.clone(),
+            cancel.clone(),
+        );
+        pods.await;
+        cancel.cancel();
+        match node.await {
+            Ok(result) => result,
+            Err(_) => Ok(()),
+        }
+    }
+}

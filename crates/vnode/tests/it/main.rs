@@ -1,0 +1,1 @@
+//! vnode component tests.
