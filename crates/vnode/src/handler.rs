@@ -79,7 +79,10 @@ pub struct Handler {
     provider: Arc<dyn Provider>,
     /// claim -> instance id. The claim includes the pod UID, so an old and a new pod of
     /// the same name never share an entry.
-    tracked: Mutex<HashMap<String, String>>,
+    /// Each entry carries the epoch it was recorded in, so the notify loop can tell an
+    /// instance recorded after its list was taken from one that vanished.
+    tracked: Mutex<HashMap<String, (String, u64)>>,
+    epoch: std::sync::atomic::AtomicU64,
     /// The provider's instances as listed once after start (the cold map), consumed as
     /// pods are re-adopted; `None` until a list succeeded.
     cold: tokio::sync::Mutex<Option<HashMap<String, Instance>>>,
@@ -111,6 +114,7 @@ impl Handler {
             provider,
             tracked: Mutex::default(),
             cold: tokio::sync::Mutex::new(None),
+            epoch: std::sync::atomic::AtomicU64::new(0),
             crash,
             metrics,
         }
@@ -128,7 +132,22 @@ impl Handler {
 
     /// The instance id tracked for `claim`, if any.
     pub fn tracked(&self, claim: &str) -> Option<String> {
+        lock(&self.tracked).get(claim).map(|(id, _)| id.clone())
+    }
+
+    /// The current epoch: entries recorded from now on carry a larger one.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The instance id tracked for `claim` and the epoch it was recorded in.
+    pub fn tracked_with_epoch(&self, claim: &str) -> Option<(String, u64)> {
         lock(&self.tracked).get(claim).cloned()
+    }
+
+    fn record(&self, claim: String, id: String) {
+        let epoch = self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        lock(&self.tracked).insert(claim, (id, epoch));
     }
 
     /// Whether this handler tracks the pod `namespace/name` with this claim: what the
@@ -191,7 +210,7 @@ impl Handler {
         drop(cold);
         match hit {
             Some(instance) => {
-                lock(&self.tracked).insert(claim.clone(), instance.id.clone());
+                self.record(claim.clone(), instance.id.clone());
                 Metrics::inc(&self.metrics.readoptions);
                 Ok(Found {
                     claim,
@@ -217,7 +236,7 @@ impl Handler {
         let instance = self.provider.provision(&req).await.inspect_err(|_| {
             Metrics::inc(&self.metrics.provider_errors);
         })?;
-        lock(&self.tracked).insert(req.claim.clone(), instance.id.clone());
+        self.record(req.claim.clone(), instance.id.clone());
         Metrics::inc(&self.metrics.provisions);
         self.crash_at(CrashPoint::AfterProvision).await;
         Ok(instance)

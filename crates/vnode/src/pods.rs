@@ -118,10 +118,12 @@ pub async fn run_pods(
         poll,
         cancel: cancel.clone(),
     });
-    let mut workers = Vec::new();
+    // A JoinSet aborts its tasks when dropped: dropping this future stops everything at
+    // once, which is what a crash does (the crash-safety tests rely on it).
+    let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..WORKERS {
         let ctx = ctx.clone();
-        workers.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             loop {
                 let key = tokio::select! {
                     _ = ctx.cancel.cancelled() => return,
@@ -129,14 +131,22 @@ pub async fn run_pods(
                 };
                 let span = info_span!("pod", node = %ctx.node, pod = %key);
                 if let Err(e) = reconcile(&ctx, &key).instrument(span).await {
+                    if is_conflict(&e) {
+                        // Someone wrote the pod since we read it; its newer version is on
+                        // the way through the watch.
+                        debug!(node = %ctx.node, pod = %key, "write conflict; re-reading");
+                        ctx.queue.add_after(&key, Duration::from_millis(50), &ctx.cancel);
+                        ctx.queue.done(&key);
+                        continue;
+                    }
                     warn!(node = %ctx.node, pod = %key, error = %crate::chain(&e), "pod sync failed; retrying");
                     ctx.queue.add_after(&key, ctx.poll, &ctx.cancel);
                 }
                 ctx.queue.done(&key);
             }
-        }));
+        });
     }
-    let notify = tokio::spawn(notify_loop(ctx.clone()));
+    tasks.spawn(notify_loop(ctx.clone()));
     let mut events = std::pin::pin!(reflector::reflector(writer, watch));
     loop {
         let ev = tokio::select! {
@@ -149,7 +159,7 @@ pub async fn run_pods(
                 // Gone from the API (our final delete, or a force delete): an instance
                 // still tracked for it must not outlive it.
                 let ctx = ctx.clone();
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     if let Some(claim) = claim_name(&pod)
                         && let Some(id) = ctx.handler.tracked(&claim)
                         && let Err(e) = ctx
@@ -167,10 +177,7 @@ pub async fn run_pods(
         }
     }
     cancel.cancel();
-    for w in workers {
-        let _ = w.await;
-    }
-    let _ = notify.await;
+    while tasks.join_next().await.is_some() {}
 }
 
 fn pods_api(client: &Client, pod: &Pod) -> Api<Pod> {
@@ -432,6 +439,9 @@ async fn notify_loop(ctx: Arc<Ctx>) {
         if ctx.store.wait_until_ready().await.is_err() {
             return;
         }
+        // Entries recorded after this point may be missing from the list without having
+        // vanished.
+        let epoch = ctx.handler.epoch();
         let listed = match ctx.handler.provider().list().await {
             Ok(l) => l,
             Err(e) => {
@@ -459,7 +469,7 @@ async fn notify_loop(ctx: Arc<Ctx>) {
             if pod.metadata.deletion_timestamp.is_some() || status::is_terminal(pod) {
                 continue;
             }
-            let Some(id) = ctx.handler.tracked(&claim) else {
+            let Some((id, recorded)) = ctx.handler.tracked_with_epoch(&claim) else {
                 ctx.queue.add(&pod_key(pod));
                 continue;
             };
@@ -467,6 +477,7 @@ async fn notify_loop(ctx: Arc<Ctx>) {
                 Some(instance) if instance.id == id => {
                     write_observed(&ctx, pod, &Observed::Instance(instance)).await
                 }
+                _ if recorded > epoch => continue,
                 _ => {
                     warn!(node = %ctx.node, pod = %pod_key(pod), instance = %id, "instance vanished: marking the pod Failed");
                     ctx.handler.forget(&claim);

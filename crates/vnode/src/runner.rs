@@ -60,7 +60,9 @@ impl Runner {
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), NodeError> {
         let provider = self.handler.provider().clone();
         info!(provider = %provider.name(), "virtual node runner starting");
-        let node = tokio::spawn(run_node(
+        // Aborted when this future is dropped (JoinSet), like everything else of the runner.
+        let mut node = tokio::task::JoinSet::new();
+        node.spawn(run_node(
             self.client.clone(),
             provider.clone(),
             self.advert.clone(),
@@ -75,9 +77,9 @@ impl Runner {
         );
         pods.await;
         cancel.cancel();
-        match node.await {
-            Ok(result) => result,
-            Err(_) => Ok(()),
+        match node.join_next().await {
+            Some(Ok(result)) => result,
+            _ => Ok(()),
         }
     }
 }

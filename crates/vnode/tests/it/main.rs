@@ -1,1 +1,7 @@
-//! vnode component tests.
+//! vnode component tests: the controllers against the API double over real HTTPS, with the
+//! in-memory provider and the process provider (real processes).
+
+mod common;
+mod crash;
+mod lifecycle;
+mod readopt;
