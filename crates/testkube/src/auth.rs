@@ -105,56 +105,15 @@ impl Policy {
     }
 }
 
-/// Bootstrap token parts: `[a-z0-9]{6}.[a-z0-9]{16}`.
-pub fn parse_bootstrap_token(token: &str) -> Option<(&str, &str)> {
-    let (id, secret) = token.split_once('.')?;
-    let ok = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    };
-    (ok(id, 6) && ok(secret, 16)).then_some((id, secret))
-}
-
-/// The user a bootstrap token Secret authenticates, if the token matches it, it is
-/// usable for authentication and it has not expired (`now` in seconds since the epoch).
-pub fn bootstrap_user(secret: &Value, token_secret: &str, now: i64) -> Option<UserInfo> {
-    use base64::Engine;
-    if secret.get("type").and_then(Value::as_str) != Some("bootstrap.kubernetes.io/token") {
-        return None;
-    }
-    let data = |k: &str| -> Option<String> {
-        let b = secret.pointer(&format!("/data/{k}"))?.as_str()?;
-        let raw = base64::engine::general_purpose::STANDARD.decode(b).ok()?;
-        String::from_utf8(raw).ok()
-    };
-    if data("token-secret")? != token_secret
-        || data("usage-bootstrap-authentication").as_deref() != Some("true")
+/// The user with `system:authenticated` added, as kube-apiserver's group adder does for
+/// every authenticated request (anonymous callers excepted).
+pub fn with_authenticated_group(mut user: UserInfo) -> UserInfo {
+    if user.username != "system:anonymous"
+        && !user.groups.iter().any(|g| g == "system:authenticated")
     {
-        return None;
+        user.groups.push("system:authenticated".into());
     }
-    if let Some(exp) = data("expiration") {
-        let exp = chrono::DateTime::parse_from_rfc3339(&exp).ok()?;
-        if exp.timestamp() <= now {
-            return None;
-        }
-    }
-    let id = data("token-id")?;
-    let mut groups = vec!["system:bootstrappers".to_string()];
-    if let Some(extra) = data("auth-extra-groups") {
-        groups.extend(
-            extra
-                .split(',')
-                .map(str::trim)
-                .filter(|g| !g.is_empty())
-                .map(String::from),
-        );
-    }
-    Some(UserInfo {
-        username: format!("system:bootstrap:{id}"),
-        uid: String::new(),
-        groups,
-    })
+    user
 }
 
 /// The status of a TokenReview for a user (or for an unknown token).
@@ -243,38 +202,15 @@ pub fn forbidden_message(user: &UserInfo, a: &Attributes) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use base64::Engine;
-
-    fn b64(s: &str) -> String {
-        base64::engine::general_purpose::STANDARD.encode(s)
-    }
-
-    fn token_secret(exp: &str) -> Value {
-        json!({"type": "bootstrap.kubernetes.io/token", "data": {
-            "token-id": b64("abcdef"), "token-secret": b64("0123456789abcdef"),
-            "usage-bootstrap-authentication": b64("true"), "expiration": b64(exp),
-            "auth-extra-groups": b64("system:bootstrappers:kubeadm:default-node-token")}})
-    }
-
     #[test]
-    fn bootstrap_tokens_authenticate_until_expiry() {
+    fn authenticated_users_carry_the_group_once() {
+        let u = with_authenticated_group(UserInfo::new("alice", &["dev"]));
+        assert_eq!(u.groups, ["dev", "system:authenticated"]);
+        assert_eq!(with_authenticated_group(u.clone()), u);
         assert_eq!(
-            parse_bootstrap_token("abcdef.0123456789abcdef"),
-            Some(("abcdef", "0123456789abcdef"))
+            with_authenticated_group(UserInfo::anonymous()).groups,
+            ["system:unauthenticated"]
         );
-        assert!(parse_bootstrap_token("ABCDEF.0123456789abcdef").is_none());
-        let s = token_secret("2030-01-01T00:00:00Z");
-        let u = bootstrap_user(&s, "0123456789abcdef", 0).unwrap();
-        assert_eq!(u.username, "system:bootstrap:abcdef");
-        assert_eq!(
-            u.groups,
-            [
-                "system:bootstrappers",
-                "system:bootstrappers:kubeadm:default-node-token"
-            ]
-        );
-        assert!(bootstrap_user(&s, "wrongwrongwrong0", 0).is_none());
-        assert!(bootstrap_user(&s, "0123456789abcdef", 1_900_000_000).is_none());
     }
 
     #[test]

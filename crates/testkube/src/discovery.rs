@@ -64,6 +64,8 @@ pub fn group(g: &str) -> Option<Value> {
 fn sub_entry(r: &Resource, sub: &str) -> Value {
     let (kind, verbs): (&str, &[&str]) = match sub {
         "status" => (r.kind, &["get", "patch", "update"]),
+        "binding" => ("Binding", &["create"]),
+        "eviction" => ("Eviction", &["create"]),
         "log" => ("Pod", &["get"]),
         "exec" => ("PodExecOptions", &["create", "get"]),
         "attach" => ("PodAttachOptions", &["create", "get"]),

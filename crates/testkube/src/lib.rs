@@ -19,8 +19,10 @@
 mod api;
 pub mod auth;
 pub mod body;
+pub mod bootstrap;
 pub mod discovery;
 pub mod faults;
+pub mod fixtures;
 pub mod gc;
 pub mod kubeconfig;
 pub mod kubelet;
@@ -29,6 +31,7 @@ pub mod protobuf;
 pub mod proxy;
 mod proxy_seam;
 pub mod resources;
+pub mod scheduler;
 pub mod selector;
 pub mod server;
 pub mod status;

@@ -323,7 +323,7 @@ pub fn groups() -> Vec<&'static str> {
 /// Subresources a resource has, besides `status`.
 pub fn subresources(r: &Resource) -> &'static [&'static str] {
     if r.plural == "pods" {
-        &["status", "log", "exec", "attach", "portforward"]
+        &["status", "binding", "log", "exec", "attach", "portforward"]
     } else if r.has_status {
         &["status"]
     } else {

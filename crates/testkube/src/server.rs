@@ -45,6 +45,14 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// Loading the cluster CA of `--pki-dir` failed.
+    #[error("loading the cluster CA from {dir}: {message}")]
+    Pki {
+        /// The directory.
+        dir: PathBuf,
+        /// What the pki crate reported.
+        message: String,
+    },
     /// Generating certificates failed.
     #[error(transparent)]
     Cert(#[from] crate::tls::CertError),
@@ -122,6 +130,8 @@ pub struct State {
     pub(crate) gc_kick: Notify,
     pub(crate) server_address: Mutex<String>,
     pub(crate) proxy_config: crate::proxy_seam::ProxyHolder,
+    /// Whether anonymous callers may read `kube-public/cluster-info` (with the signer).
+    pub(crate) cluster_info_public: bool,
 }
 
 impl State {
@@ -134,18 +144,20 @@ impl State {
         self.gc_kick.notify_one();
     }
 
-    /// The user a bearer token names: a configured token or a valid bootstrap token.
+    /// The user a bearer token names: a configured token or a valid bootstrap token
+    /// (looked up as `kube-system/bootstrap-token-<id>`), with `system:authenticated`.
     pub(crate) fn authenticate_token(&self, token: &str) -> Option<UserInfo> {
         if let Some(u) = self.policy.tokens.get(token) {
-            return Some(u.clone());
+            return Some(auth::with_authenticated_group(u.clone()));
         }
-        let (id, secret) = auth::parse_bootstrap_token(token)?;
+        let (id, secret) = crate::bootstrap::parse_token(token)?;
         let s = self.store.lock().get(
             res_index(resources::find("", "v1", "secrets").expect("served")),
             "kube-system",
             &format!("bootstrap-token-{id}"),
         )?;
-        auth::bootstrap_user(&s, secret, chrono::Utc::now().timestamp())
+        crate::bootstrap::authenticate(&s, id, secret, chrono::Utc::now().timestamp())
+            .map(auth::with_authenticated_group)
     }
 
     fn log(&self, rec: RequestRecord) {
@@ -166,6 +178,9 @@ pub struct Builder {
     window: Option<usize>,
     token_cleaner: Option<Duration>,
     token_cleaner_off: bool,
+    scheduler: bool,
+    bootstrap_signer: bool,
+    pki_dir: Option<PathBuf>,
     kubelet: KubeletSettings,
 }
 
@@ -233,6 +248,29 @@ impl Builder {
         self.token_cleaner_off = !on;
         self
     }
+    /// Run the scheduler stand-in ([`crate::scheduler`]): pending pods get bound to a
+    /// fitting Ready node, or `PodScheduled=False` reason `Unschedulable`. Off by default
+    /// (tests that bind pods themselves keep full control); `testkube serve` turns it on.
+    pub fn scheduler(mut self, on: bool) -> Self {
+        self.scheduler = on;
+        self
+    }
+    /// Run the bootstrap signer ([`crate::bootstrap`]): `kube-public/cluster-info` gets a
+    /// `jws-kubeconfig-<token-id>` signature per bootstrap token with
+    /// `usage-bootstrap-signing`, and anonymous callers may read that ConfigMap even with
+    /// [`Builder::strict_auth`]. Off by default; `testkube serve` turns it on.
+    pub fn bootstrap_signer(mut self, on: bool) -> Self {
+        self.bootstrap_signer = on;
+        self
+    }
+    /// Serve as the API server of an existing cluster PKI: the CA is loaded from
+    /// `<dir>/ca.crt` and `<dir>/ca.key` (the layout `stratum-server certs generate`
+    /// writes), and the serving and admin certificates are issued from it, so clients
+    /// pinning that CA (join discovery) trust this server.
+    pub fn pki_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.pki_dir = Some(dir.into());
+        self
+    }
     /// The kubelet address-type order of the proxy.
     pub fn preferred_address_types(mut self, types: Vec<String>) -> Self {
         self.kubelet.preferred_address_types = Some(types);
@@ -260,7 +298,16 @@ impl Builder {
         let local = listener
             .local_addr()
             .map_err(|source| StartError::Bind { addr, source })?;
-        let ca = Ca::generate("testkube-ca")?;
+        let ca = match &self.pki_dir {
+            None => Ca::generate("testkube-ca")?,
+            Some(dir) => {
+                let loaded = pki::Ca::load(dir, "ca").map_err(|e| StartError::Pki {
+                    dir: dir.clone(),
+                    message: e.to_string(),
+                })?;
+                Ca::from_pem(loaded.cert_pem(), &loaded.key_pem())?
+            }
+        };
         let mut sans = vec!["127.0.0.1", "localhost", "::1"];
         let ip = local.ip().to_string();
         if !sans.contains(&ip.as_str()) && !local.ip().is_unspecified() {
@@ -275,7 +322,7 @@ impl Builder {
             false,
             true,
         )?;
-        let tls = server_tls(&serving, ca.cert_pem(), &self.client_cas)?;
+        let (tls, client_verifier) = server_tls(&serving, ca.cert_pem(), &self.client_cas)?;
 
         let host = if local.ip().is_unspecified() {
             "127.0.0.1".to_string()
@@ -330,11 +377,24 @@ impl Builder {
             gc_kick: Notify::new(),
             server_address: Mutex::new(format!("{host}:{}", local.port())),
             proxy_config: crate::proxy_seam::ProxyHolder::new(&self.kubelet, &kubelet_client),
+            cluster_info_public: self.bootstrap_signer,
         });
         let cancel = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(serve(listener, tls, state.clone(), cancel.clone()));
+        tasks.spawn(serve(
+            listener,
+            tls,
+            client_verifier,
+            state.clone(),
+            cancel.clone(),
+        ));
         tasks.spawn(gc_loop(state.clone(), cancel.clone()));
+        if self.scheduler {
+            tasks.spawn(crate::scheduler::run(state.clone(), cancel.clone()));
+        }
+        if self.bootstrap_signer {
+            tasks.spawn(crate::bootstrap::run(state.clone(), cancel.clone()));
+        }
         if !self.token_cleaner_off {
             tasks.spawn(token_cleaner(
                 state.clone(),
@@ -368,11 +428,13 @@ async fn load_config(path: &Path) -> Result<kube::Config, StartError> {
         .map_err(|e| err(e.to_string()))
 }
 
+type ClientVerifier = Arc<dyn rustls::server::danger::ClientCertVerifier>;
+
 fn server_tls(
     serving: &CertPair,
     ca_pem: &str,
     extra_client_cas: &[String],
-) -> Result<Arc<rustls::ServerConfig>, StartError> {
+) -> Result<(Arc<rustls::ServerConfig>, ClientVerifier), StartError> {
     let tls_err = |e: &dyn std::fmt::Display| StartError::Tls(e.to_string());
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
@@ -397,21 +459,37 @@ fn server_tls(
     let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut serving.key_pem.as_bytes())
         .map_err(|e| tls_err(&e))?
         .ok_or_else(|| StartError::Tls("the serving key PEM holds no key".into()))?;
+    // The handshake accepts any client certificate whose key the client proves it holds;
+    // the chain is checked per request, so an unknown CA is an HTTP 401 (kube-apiserver's
+    // x509 authenticator), not a TLS failure.
+    let lenient = Arc::new(crate::tls::DeferredClientVerifier::new(verifier.clone()));
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| tls_err(&e))?
-        .with_client_cert_verifier(verifier)
+        .with_client_cert_verifier(lenient)
         .with_single_cert(certs, key)
         .map_err(|e| tls_err(&e))?;
     // HTTP/1.1 only: upgrades (exec, attach, port-forward) and chunked watches need it,
     // and Go clients fall back to it without ALPN h2.
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    Ok((Arc::new(cfg), verifier))
+}
+
+/// What the client certificate of a connection says.
+#[derive(Clone, Debug)]
+enum PeerAuth {
+    /// No certificate.
+    None,
+    /// A certificate that verified: its user.
+    User(UserInfo),
+    /// A certificate that did not verify (unknown CA, expired, wrong usage).
+    Invalid,
 }
 
 async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    client_verifier: ClientVerifier,
     state: Arc<State>,
     cancel: CancellationToken,
 ) {
@@ -431,23 +509,31 @@ async fn serve(
         let acceptor = acceptor.clone();
         let state = state.clone();
         let cancel = cancel.clone();
+        let client_verifier = client_verifier.clone();
         conns.spawn(async move {
             let Ok(Ok(stream)) =
                 tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
             else {
                 return;
             };
-            let peer_user = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(|c| crate::tls::identity_from_der(c))
-                .map(|(name, groups)| UserInfo {
-                    username: name,
-                    uid: String::new(),
-                    groups,
-                });
+            let peer_user = match stream.get_ref().1.peer_certificates() {
+                None | Some([]) => PeerAuth::None,
+                Some([ee, intermediates @ ..]) => {
+                    let verified = client_verifier.verify_client_cert(
+                        ee,
+                        intermediates,
+                        rustls::pki_types::UnixTime::now(),
+                    );
+                    match (verified, crate::tls::identity_from_der(ee)) {
+                        (Ok(_), Some((name, groups))) => PeerAuth::User(UserInfo {
+                            username: name,
+                            uid: String::new(),
+                            groups,
+                        }),
+                        _ => PeerAuth::Invalid,
+                    }
+                }
+            };
             let svc = service_fn(move |req| {
                 let state = state.clone();
                 let peer_user = peer_user.clone();
@@ -602,6 +688,40 @@ fn route(path: &str) -> Route {
     }
 }
 
+/// Reads a request body up to [`MAX_BODY`].
+async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        && len > MAX_BODY
+    {
+        return Err(ApiError::too_large(MAX_BODY));
+    }
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                return Err(ApiError::too_large(MAX_BODY));
+            }
+            Err(ApiError::bad_request(format!(
+                "reading the request body: {e}"
+            )))
+        }
+    }
+}
+
+fn json_created(v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(201)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(v.to_string()))
+        .expect("static response parts are valid")
+}
+
 fn json_ok(v: &Value) -> Response<Body> {
     Response::builder()
         .status(200)
@@ -689,11 +809,7 @@ fn verb_for(method: &Method, has_name: bool, watch: bool) -> Option<&'static str
     })
 }
 
-async fn handle(
-    state: Arc<State>,
-    peer: Option<UserInfo>,
-    req: Request<Incoming>,
-) -> Response<Body> {
+async fn handle(state: Arc<State>, peer: PeerAuth, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query_str = req.uri().query().unwrap_or("").to_string();
@@ -710,17 +826,27 @@ async fn handle(
         code: 0,
     };
 
-    // Authentication.
+    // Authentication, in kube-apiserver's order: x509, then bearer tokens; a credential
+    // that fails is 401 even where anonymous requests are allowed (the anonymous
+    // authenticator sits behind FailOnError); no credential at all is anonymous.
     let token = bearer(&req);
-    let user = match (&token, &peer) {
-        (Some(t), _) => match state.authenticate_token(t) {
-            Some(u) => Some(u),
-            None if state.policy.mode == AuthMode::AllowAll => Some(UserInfo::anonymous()),
-            None => None,
-        },
-        (None, Some(u)) => Some(u.clone()),
-        (None, None) if state.policy.mode == AuthMode::AllowAll => Some(UserInfo::anonymous()),
-        (None, None) => None,
+    let by_token = token.as_deref().map(|t| state.authenticate_token(t));
+    let mut anonymous_cluster_info = false;
+    let user = match (&peer, by_token) {
+        (PeerAuth::User(u), _) => Some(auth::with_authenticated_group(u.clone())),
+        (_, Some(Some(u))) => Some(u),
+        (PeerAuth::Invalid, _) | (_, Some(None)) => None,
+        (PeerAuth::None, None) if state.policy.mode == AuthMode::AllowAll => {
+            Some(UserInfo::anonymous())
+        }
+        (PeerAuth::None, None)
+            if state.cluster_info_public
+                && crate::bootstrap::is_cluster_info_read(&method, &path) =>
+        {
+            anonymous_cluster_info = true;
+            Some(UserInfo::anonymous())
+        }
+        (PeerAuth::None, None) => None,
     };
     let route = route(&path);
     let accept = req
@@ -767,6 +893,12 @@ async fn handle(
                     "PATCH" => "patch",
                     _ => "connect",
                 })
+            } else if res.plural == "pods"
+                && name.is_some()
+                && matches!(sub.as_deref(), Some("binding" | "eviction"))
+                && method == Method::POST
+            {
+                Some("create")
             } else {
                 verb_for(&method, name.is_some(), watch)
             };
@@ -789,7 +921,15 @@ async fn handle(
             };
             // Asking about oneself is always allowed (kube's default system:basic-user role).
             let self_review = res.plural == "selfsubjectaccessreviews";
-            if !self_review && !state.policy.authorize(&user, &attrs) {
+            // kubeadm binds `system:anonymous` to a Role that reads cluster-info.
+            let public = crate::bootstrap::is_cluster_info_read(&method, &path)
+                && state.cluster_info_public
+                && user.username == "system:anonymous";
+            if !self_review
+                && !public
+                && !anonymous_cluster_info
+                && !state.policy.authorize(&user, &attrs)
+            {
                 let e = ApiError {
                     details: Some(
                         serde_json::json!({"name": attrs.name, "group": attrs.group, "kind": attrs.resource}),
@@ -916,6 +1056,22 @@ async fn resource_request(
             });
         return crate::proxy_seam::forward(state, &pod, node.as_deref(), s, req).await;
     }
+    if res.plural == "pods"
+        && sub.as_deref() == Some("binding")
+        && let Some(n) = name.as_deref()
+    {
+        if verb != "create" {
+            return ApiError::method_not_allowed(verb, "pods/binding").into_response();
+        }
+        let body = match read_body(req).await {
+            Ok(b) => b,
+            Err(e) => return e.into_response(),
+        };
+        return match crate::scheduler::binding(state, ns.as_deref().unwrap_or(""), n, &body) {
+            Ok(v) => json_created(&v),
+            Err(e) => e.into_response(),
+        };
+    }
     if let Some(s) = sub.as_deref()
         && !(s == "status" && res.has_status)
     {
@@ -943,25 +1099,9 @@ async fn resource_request(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
-    if let Some(len) = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-        && len > MAX_BODY
-    {
-        return ApiError::too_large(MAX_BODY).into_response();
-    }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                return ApiError::too_large(MAX_BODY).into_response();
-            }
-            return ApiError::bad_request(format!("reading the request body: {e}")).into_response();
-        }
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
     };
     let (body, content_type) = if matches!(verb, "create" | "update")
         && content_type.starts_with("application/vnd.kubernetes.protobuf")

@@ -2,6 +2,12 @@
 //! localhost) and client certificates whose CN is the user and O the groups, as
 //! kube-apiserver's x509 authenticator reads them.
 
+use std::sync::Arc;
+
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
@@ -28,8 +34,7 @@ pub struct CertPair {
 /// A certificate authority that signs serving and client certificates.
 pub struct Ca {
     cert_pem: String,
-    params: CertificateParams,
-    key: KeyPair,
+    issuer: Issuer<'static, KeyPair>,
 }
 
 impl std::fmt::Debug for Ca {
@@ -62,8 +67,17 @@ impl Ca {
         let cert = params.self_signed(&key).map_err(err("CA"))?;
         Ok(Ca {
             cert_pem: cert.pem(),
-            params,
-            key,
+            issuer: Issuer::new(params, key),
+        })
+    }
+
+    /// A CA from its PEM certificate and PEM (PKCS#8) key (an existing cluster's CA).
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Ca, CertError> {
+        let key = KeyPair::from_pem(key_pem).map_err(err("cluster CA key"))?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(err("cluster CA"))?;
+        Ok(Ca {
+            cert_pem: cert_pem.to_string(),
+            issuer,
         })
     }
 
@@ -113,12 +127,67 @@ impl Ca {
                 .push(ExtendedKeyUsagePurpose::ClientAuth);
         }
         let key = KeyPair::generate().map_err(err(common_name))?;
-        let issuer = Issuer::from_params(&self.params, &self.key);
-        let cert = params.signed_by(&key, &issuer).map_err(err(common_name))?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(err(common_name))?;
         Ok(CertPair {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
         })
+    }
+}
+
+/// A client-certificate verifier that accepts any chain at the handshake (still checking
+/// that the client holds the key) and leaves the chain check to the request, through the
+/// wrapped verifier: kube-apiserver answers a certificate from an unknown CA with HTTP 401.
+#[derive(Debug)]
+pub struct DeferredClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+impl DeferredClientVerifier {
+    /// Wraps the verifier the request-time check uses.
+    pub fn new(inner: Arc<dyn ClientCertVerifier>) -> Self {
+        DeferredClientVerifier { inner }
+    }
+}
+
+impl ClientCertVerifier for DeferredClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 

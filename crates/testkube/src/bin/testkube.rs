@@ -40,6 +40,16 @@ enum Command {
         /// Seconds between watch BOOKMARK events.
         #[arg(long, default_value_t = 60)]
         bookmark_interval_secs: u64,
+        /// Leave pending pods unbound (the scheduler stand-in is on by default).
+        #[arg(long)]
+        no_scheduler: bool,
+        /// Do not sign kube-public/cluster-info (the bootstrap signer is on by default).
+        #[arg(long)]
+        no_bootstrap_signer: bool,
+        /// Serve with the cluster CA of a `stratum-server certs generate` directory
+        /// (ca.crt, ca.key) instead of a throwaway one.
+        #[arg(long, value_name = "DIR")]
+        pki_dir: Option<PathBuf>,
     },
 }
 
@@ -54,12 +64,21 @@ async fn main() -> ExitCode {
             allow_non_loopback_kubelets,
             kubelet_preferred_address_types,
             bookmark_interval_secs,
+            no_scheduler,
+            no_bootstrap_signer,
+            pki_dir,
         } => {
             let mut b = testkube::ApiServer::builder()
                 .listen(listen)
                 .kubeconfig_path(&kubeconfig)
                 .allow_non_loopback_kubelets(allow_non_loopback_kubelets)
-                .bookmark_interval(Duration::from_secs(bookmark_interval_secs.max(1)));
+                .bookmark_interval(Duration::from_secs(bookmark_interval_secs.max(1)))
+                .scheduler(!no_scheduler)
+                .bootstrap_signer(!no_bootstrap_signer)
+                .token_cleaner(true);
+            if let Some(dir) = pki_dir {
+                b = b.pki_dir(dir);
+            }
             if strict_auth {
                 b = b.strict_auth();
             }

@@ -1,9 +1,11 @@
 //! Conformance tests for the API double, run with real clients.
 mod conformance;
+mod conformance_bootstrap;
 mod conformance_delete;
 mod conformance_faults;
 mod conformance_patch;
 mod conformance_scale;
+mod conformance_scheduler;
 mod conformance_status;
 mod conformance_watch;
 mod kubectl;
