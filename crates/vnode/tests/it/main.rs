@@ -4,4 +4,5 @@
 mod common;
 mod crash;
 mod lifecycle;
+mod placement;
 mod readopt;
