@@ -20,13 +20,18 @@
 //! - Providers: [`providers::process`] (local process groups) and [`providers::memory`]
 //!   (in-memory, with fault injection, for tests and benchmarks).
 //!
+//! - [`manager`]: what `nebula-manager run` composes (runners, placement, listeners).
+//!
 //! Not built here: the kubelet API server (logs/exec/port-forward routes), which plugs the
-//! optional capability traits in; leader election lives with the daemon composition.
+//! optional capability traits in.
 
+pub mod admin;
 mod blocklist;
 mod claim;
 pub mod crash;
+mod election;
 mod handler;
+pub mod manager;
 mod metrics;
 pub mod node;
 pub mod placement;

@@ -371,15 +371,22 @@ impl ProcessProvider {
             } else if let Some(claim) = dir.file_name().and_then(|n| n.to_str())
                 && let Some((pid, start_time)) = find_by_tag(claim)
             {
-                // Spawned but never recorded: still this provider's instance.
-                out.push(Instance {
-                    id: format!("{pid}-{start_time}"),
+                // Spawned but never recorded (the manager died in between): still this
+                // provider's instance. Record it now so terminate and logs find it.
+                let rec = Record {
                     claim: claim.to_string(),
-                    state: InstanceState::Running,
-                    endpoint: Some("127.0.0.1".into()),
-                    ip: Some("127.0.0.1".into()),
-                    started_at: None,
-                });
+                    pid,
+                    start_time,
+                    namespace: String::new(),
+                    pod: String::new(),
+                    env: Vec::new(),
+                    working_dir: dir.join("root"),
+                };
+                Self::write_record(&dir, &rec).map_err(|e| ProviderError::Unreachable {
+                    reason: format!("recording adopted process {pid}: {e}"),
+                })?;
+                self.remember(&rec);
+                out.push(self.instance_of(&dir, &rec));
             }
         }
         Ok(out)

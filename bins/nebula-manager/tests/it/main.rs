@@ -1,0 +1,4 @@
+//! nebula-manager end to end: the real binary against the API double, with the process
+//! provider running real processes.
+
+mod crash;
