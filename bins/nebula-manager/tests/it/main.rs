@@ -2,3 +2,4 @@
 //! provider running real processes.
 
 mod crash;
+mod deploy;
