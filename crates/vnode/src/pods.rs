@@ -30,6 +30,7 @@ use crate::status::{self, Observed};
 /// How long a refusing provider (or capacity type) is skipped by placement.
 pub const DEFAULT_BLOCK_TTL: Duration = Duration::from_secs(300);
 const WORKERS: usize = 32;
+const NOTIFY_CONCURRENCY: usize = 16;
 
 /// Settings of a pod controller.
 #[derive(Clone)]
@@ -455,6 +456,7 @@ async fn notify_loop(ctx: Arc<Ctx>) {
         let pods = ctx.store.state();
         let mut live_claims = HashSet::new();
         let mut phases = [0i64; 4];
+        let mut writes: Vec<(Arc<Pod>, Option<&Instance>)> = Vec::new();
         for pod in &pods {
             let Some(claim) = claim_name(pod) else {
                 continue;
@@ -473,23 +475,42 @@ async fn notify_loop(ctx: Arc<Ctx>) {
                 ctx.queue.add(&pod_key(pod));
                 continue;
             };
-            let result = match by_claim.get(claim.as_str()) {
+            match by_claim.get(claim.as_str()) {
                 Some(instance) if instance.id == id => {
-                    write_observed(&ctx, pod, &Observed::Instance(instance)).await
+                    // Only pods whose status would change are written (steady state: none).
+                    let observed = Observed::Instance(instance);
+                    if status::metadata_patch(pod, instance).is_some()
+                        || status::status_patch(pod, &observed, Timestamp::now()).is_some()
+                    {
+                        writes.push((pod.clone(), Some(*instance)));
+                    }
                 }
-                _ if recorded > epoch => continue,
+                _ if recorded > epoch => {}
                 _ => {
                     warn!(node = %ctx.node, pod = %pod_key(pod), instance = %id, "instance vanished: marking the pod Failed");
                     ctx.handler.forget(&claim);
-                    write_observed(&ctx, pod, &Observed::Vanished).await
+                    writes.push((pod.clone(), None));
                 }
-            };
-            if let Err(e) = result
-                && !is_conflict(&e)
-            {
-                warn!(node = %ctx.node, error = %crate::chain(&e), "status write failed; next round retries");
             }
         }
+        // Writes of different pods go out concurrently; each pod's own writes stay ordered
+        // (metadata, then status).
+        futures::stream::iter(writes)
+            .for_each_concurrent(NOTIFY_CONCURRENCY, |(pod, instance)| {
+                let ctx = &ctx;
+                async move {
+                    let observed = match instance {
+                        Some(i) => Observed::Instance(i),
+                        None => Observed::Vanished,
+                    };
+                    if let Err(e) = write_observed(ctx, &pod, &observed).await
+                        && !is_conflict(&e)
+                    {
+                        warn!(node = %ctx.node, error = %crate::chain(&e), "status write failed; next round retries");
+                    }
+                }
+            })
+            .await;
         ctx.metrics
             .pods_pending
             .store(phases[0], std::sync::atomic::Ordering::Relaxed);
