@@ -194,7 +194,9 @@ pub async fn run(
             addr: cfg.admin_listen,
             source,
         })?;
-    info!(health = %cfg.health_listen, admin = %cfg.admin_listen, "listeners bound");
+    let bound =
+        |l: &tokio::net::TcpListener| l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    info!(health = %bound(&listener), admin = %bound(&admin), "listeners bound");
 
     let mut tasks: JoinSet<&'static str> = JoinSet::new();
     {

@@ -12,6 +12,27 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
 
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut conn = loop {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(c) => break c,
+            Err(e) if tokio::time::Instant::now() > deadline => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    conn.read_to_string(&mut out).await?;
+    Ok(out)
+}
+
 fn manifest() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/deploy/nebula-manager.yaml")
 }
@@ -94,15 +115,11 @@ async fn manifests_apply_and_grant_every_request_the_manager_makes() -> anyhow::
     // A pod's whole life through the real binary, then: was every request granted?
     server.clear_requests();
     let state = tempfile::tempdir()?;
+    let (health, admin) = (free_port()?, free_port()?);
     let mut manager = Command::new(env!("CARGO_BIN_EXE_nebula-manager"))
-        .args([
-            "run",
-            "--provider",
-            "process",
-            "--health-listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(["run", "--provider", "process"])
+        .arg(format!("--health-listen=127.0.0.1:{health}"))
+        .arg(format!("--admin-listen=127.0.0.1:{admin}"))
         .arg("--kubeconfig")
         .arg(server.kubeconfig_path())
         .arg("--state-dir")
@@ -126,6 +143,18 @@ async fn manifests_apply_and_grant_every_request_the_manager_makes() -> anyhow::
         assert!(tokio::time::Instant::now() < deadline, "the pod never ran");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The probe listener says ready; the admin listener counts what happened.
+    let ready = http_get(health, "/readyz").await?;
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let metrics = loop {
+        let m = http_get(admin, "/metrics").await?;
+        if m.contains("vnode_pods{phase=\"Running\"} 1") {
+            break m;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "metrics never showed the pod: {m}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(metrics.contains("vnode_provisions_total 1"), "{metrics}");
     pods.delete("rbac", &DeleteParams::default()).await?;
     while pods.get_opt("rbac").await?.is_some() {
         assert!(

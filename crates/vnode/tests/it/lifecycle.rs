@@ -81,6 +81,17 @@ async fn memory_pod_is_provisioned_running_annotated_and_terminated_on_delete() 
         instances[0].endpoint.as_deref()
     );
     assert_eq!(Some(instances[0].claim.clone()), vnode::claim_name(&p));
+    // What the manager did is on record as an Event about the pod.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    wait_for("the Provisioned event", || async {
+        let list = events.list(&Default::default()).await?;
+        Ok(list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("Provisioned")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
+        }))
+    })
+    .await?;
 
     delete(&pods, "web", None).await?;
     wait_gone(&pods, "web").await?;
@@ -317,5 +328,53 @@ async fn process_exit_code_becomes_the_pod_phase() -> anyhow::Result<()> {
             .exit_code;
         assert_eq!(code, if want == "Succeeded" { 0 } else { 3 });
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn node_ready_and_lease_are_withheld_while_the_provider_is_unhealthy() -> anyhow::Result<()> {
+    init_logs();
+    let server = testkube::ApiServer::start().await?;
+    let client = server.client();
+    let provider = MemoryProvider::new("mem", Duration::from_millis(200));
+    provider.faults().unhealthy = true;
+    let _running = start_runner(
+        client.clone(),
+        Arc::new(provider.clone()),
+        None,
+        PodControllerConfig::default(),
+    );
+    let nodes: Api<Node> = Api::all(client.clone());
+    let ready = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+    };
+    let node = wait_for("the node", || async {
+        Ok(nodes.get_opt("nebula-mem").await?)
+    })
+    .await?;
+    assert_eq!(
+        ready(&node),
+        Some(("False".into(), "ProviderUnhealthy".into()))
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    assert!(
+        leases.get_opt("nebula-mem").await?.is_none(),
+        "no lease while unhealthy"
+    );
+
+    provider.faults().unhealthy = false;
+    wait_for("Ready True", || async {
+        let n = nodes.get("nebula-mem").await?;
+        Ok((ready(&n).map(|r| r.0).as_deref() == Some("True")).then_some(()))
+    })
+    .await?;
+    wait_for("the node lease", || async {
+        Ok(leases.get_opt("nebula-mem").await?)
+    })
+    .await?;
     Ok(())
 }
