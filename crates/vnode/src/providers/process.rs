@@ -337,12 +337,10 @@ impl ProcessProvider {
             while alive(rec.pid, rec.start_time) && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            if alive(rec.pid, rec.start_time) {
-                let _ = killpg(group, Signal::SIGKILL);
-            }
+            // Leave no group member behind (the leader, or a child that ignored SIGTERM).
+            // Only for a group verified ours: a stale record's PID may be someone else's.
+            let _ = killpg(group, Signal::SIGKILL);
         }
-        // Leave no group member behind (a child that ignored SIGTERM).
-        let _ = killpg(Pid::from_raw(rec.pid), Signal::SIGKILL);
         self.index
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -5,4 +5,5 @@ mod common;
 mod crash;
 mod lifecycle;
 mod placement;
+mod process;
 mod readopt;
