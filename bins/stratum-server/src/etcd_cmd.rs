@@ -8,8 +8,11 @@ use ha::etcd::{self, EtcdError, EtcdOptions, EtcdTls};
 /// `stratum-server etcd` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Check that every given member answers, knows a leader, raises no alarm, and that
-    /// all name the same leader. Exits non-zero otherwise, naming each failing member.
+    /// Read the member list through the given endpoints, then check that every voting
+    /// member has started, answers at its own client URL, knows a leader and raises no
+    /// alarm, and that all name the same leader. Exits non-zero otherwise, naming each
+    /// failing member. The endpoints only locate the cluster: leaving a dead member off
+    /// them, or listing a live one twice, does not hide anything.
     Health(Args),
     /// List the cluster's members (learners and not-yet-started members included).
     Members(Args),
@@ -27,7 +30,8 @@ pub enum Output {
 /// Flags shared by the etcd commands.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// etcd client URLs, comma-separated (e.g. https://10.0.0.1:2379,https://10.0.0.2:2379).
+    /// etcd client URLs, comma-separated (e.g. https://10.0.0.1:2379,https://10.0.0.2:2379):
+    /// where to read the member list.
     #[arg(
         long,
         value_delimiter = ',',

@@ -33,8 +33,12 @@ pub struct CreateArgs {
     #[arg(long)]
     pub control_plane: bool,
     /// How long the token (and a control-plane token's grant) lives: e.g. 2h, 30m, 1h30m.
+    /// A control-plane token lives at most 24h unless --allow-long-ttl is given.
     #[arg(long, default_value = "2h")]
     pub ttl: String,
+    /// Let a control-plane token (whose grant decrypts the CA keys) live longer than 24h.
+    #[arg(long)]
+    pub allow_long_ttl: bool,
     /// Kubeconfig with admin rights (default: $KUBECONFIG, then ~/.kube/config).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -67,9 +71,12 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
 async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
     // Everything that can be refused locally is checked before anything is minted.
     let ttl = tokens::parse_ttl(&args.ttl)?;
-    if ttl.is_zero() {
-        anyhow::bail!("--ttl must be positive: a token that never expires is refused");
-    }
+    let role = if args.control_plane {
+        TokenRole::ControlPlane
+    } else {
+        TokenRole::Worker
+    };
+    tokens::token_expiration(role, ttl, args.allow_long_ttl, chrono::Utc::now())?;
     let ca_path = args.pki_dir.join("ca.crt");
     let ca_pem = std::fs::read(&ca_path).with_context(|| {
         format!(
@@ -100,16 +107,14 @@ async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
     // Every mint narrows an old, broader reader binding, not only control-plane mints.
     grants::narrow_certs_reader_binding(&client).await?;
 
-    let role = if args.control_plane {
-        TokenRole::ControlPlane
-    } else {
-        TokenRole::Worker
-    };
-    let minted = tokens::create_token(
+    let minted = tokens::mint_token(
         &client,
-        role,
-        ttl,
-        args.description.as_deref(),
+        &tokens::TokenRequest {
+            role,
+            ttl,
+            description: args.description.as_deref(),
+            allow_long_ttl: args.allow_long_ttl,
+        },
         chrono::Utc::now(),
     )
     .await?;

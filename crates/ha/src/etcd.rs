@@ -2,15 +2,18 @@
 //!
 //! Every function talks to real etcd members through `etcd-client` and takes the
 //! endpoints to try (`https://10.0.0.1:2379`, ...) plus [`EtcdOptions`] (mTLS material and
-//! timeouts). Decisions are pure functions in [`rules`]: which errors are retried
-//! ([`rules::classify_status`]), whether the cluster agrees on a leader
-//! ([`rules::judge_cluster`]), what a new member boots with ([`rules::initial_cluster`]).
+//! timeouts). Decisions are pure functions in [`rules`]: the one classifier of failures into
+//! typed classes ([`rules::classify_status`]) and what a member add does about each
+//! ([`rules::add_step`]), whom a health check asks and whether they agree on a leader
+//! ([`rules::probe_targets`], [`rules::judge_members`]), what a new member boots with
+//! ([`rules::initial_cluster`]).
 //!
-//! - Membership: [`member_add`] (journals the intent first, retries only etcd's
-//!   "unhealthy cluster" refusal), [`member_remove`], [`member_list_via`],
-//!   [`member_client_ips`], [`member_client_ips_via`], [`member_hosts_via`],
-//!   [`member_count`], [`join_state`].
-//! - Health: [`etcd_member_status`], [`etcd_cluster_healthy`] (fails closed).
+//! - Membership: [`member_add`] (journals the intent first, retries etcd's "unhealthy
+//!   cluster" refusal, reads an unanswered add back from the member list instead of
+//!   re-sending it), [`member_remove`], [`member_list_via`], [`member_client_ips`],
+//!   [`member_client_ips_via`], [`member_hosts_via`], [`member_count`], [`join_state`].
+//! - Health: [`etcd_member_status`], [`etcd_cluster_healthy`] (every voting member of the
+//!   member list, fails closed).
 //! - Storage: [`etcd_storage_at`], [`downgrade_etcd`].
 
 pub mod rules;
@@ -35,13 +38,23 @@ pub use rules::{
 /// apiserver's storage layout, not to an API.
 pub const JOIN_BUNDLE_ETCD_KEY: &str = "/registry/secrets/kube-system/stratum-certs";
 
-/// PEM material, inline or from a file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// PEM material, inline or from a file. Its `Debug` names a path but never prints inline
+/// bytes: they may be a private key.
+#[derive(Clone, PartialEq, Eq)]
 pub enum PemSource {
     /// Read from this file when connecting.
     Path(PathBuf),
     /// These bytes.
     Pem(Vec<u8>),
+}
+
+impl std::fmt::Debug for PemSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PemSource::Path(p) => f.debug_tuple("Path").field(p).finish(),
+            PemSource::Pem(b) => write!(f, "Pem(<{} bytes redacted>)", b.len()),
+        }
+    }
 }
 
 impl PemSource {
@@ -171,6 +184,27 @@ pub enum EtcdError {
         op: &'static str,
         /// etcd's answer.
         reason: String,
+        /// The answer's class, as [`rules::classify_status`] computed it.
+        class: ErrorClass,
+    },
+    /// An add went unanswered and the member list could not be read to learn whether it
+    /// was applied: nothing was re-sent, since a second add of a committed one leaves an
+    /// unstarted voter that can cost quorum.
+    #[error(
+        "etcd member {endpoint} did not answer the add of {peer_url} ({reason}), and the member \
+         list could not be read to tell whether it was applied ({list_error}); nothing was \
+         re-sent. Check `stratum-server etcd members`: remove a member with that peer URL that \
+         never started, then retry"
+    )]
+    AddOutcomeUnknown {
+        /// The endpoint that did not answer.
+        endpoint: String,
+        /// The peer URL being added.
+        peer_url: String,
+        /// Why no answer came.
+        reason: String,
+        /// Why the list could not be read.
+        list_error: String,
     },
     /// The add was refused as "unhealthy cluster" on every attempt.
     #[error(
@@ -256,16 +290,26 @@ impl CallError {
     }
 }
 
+/// The one classifier of a client error: gRPC statuses go to [`rules::classify_status`]
+/// with their causes appended (tonic's "tcp connect error" alone does not say refused vs
+/// timed out); a transport or I/O error raised before a call is a failure to connect.
 fn classify(err: &etcd_client::Error) -> CallError {
+    let reason = error_text(err);
     let class = match err {
-        etcd_client::Error::GRpcStatus(s) => {
-            rules::classify_status(i32::from(s.code()), s.message())
-        }
+        etcd_client::Error::GRpcStatus(s) => rules::classify_status(i32::from(s.code()), &reason),
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => {
             ErrorClass::Unreachable
         }
         _ => ErrorClass::Answered,
     };
+    CallError {
+        class,
+        reason,
+        setup: false,
+    }
+}
+
+fn error_text(err: &etcd_client::Error) -> String {
     let mut reason = match err {
         etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
         other => other.to_string(),
@@ -283,11 +327,7 @@ fn classify(err: &etcd_client::Error) -> CallError {
         }
         source = cause.source();
     }
-    CallError {
-        class,
-        reason,
-        setup: false,
-    }
+    reason
 }
 
 fn normalize(endpoint: &str, tls: bool) -> String {
@@ -343,7 +383,7 @@ where
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(classify(&e)),
         Err(_) => Err(CallError {
-            class: ErrorClass::Unreachable,
+            class: ErrorClass::NoAnswer,
             reason: format!("no answer within {deadline:?}"),
             setup: false,
         }),
@@ -351,7 +391,8 @@ where
 }
 
 /// Asks each endpoint in turn until one answers; an answered error is returned at once,
-/// an unreachable endpoint moves on to the next.
+/// an unreachable or silent endpoint moves on to the next. Only for requests that are
+/// safe to repeat (reads, and writes whose repetition is harmless).
 async fn first_answer<T, F, Fut>(
     opts: &EtcdOptions,
     endpoints: &[String],
@@ -380,15 +421,16 @@ where
                 });
             }
             Err(CallError {
-                class: ErrorClass::Unreachable,
+                class: ErrorClass::Unreachable | ErrorClass::NoAnswer,
                 reason,
                 ..
             }) => tried.push(format!("{ep}: {reason}")),
-            Err(CallError { reason, .. }) => {
+            Err(CallError { reason, class, .. }) => {
                 return Err(EtcdError::Request {
                     endpoint: ep.clone(),
                     op,
                     reason,
+                    class,
                 });
             }
         }
@@ -457,9 +499,13 @@ pub struct MemberAdded {
 }
 
 /// Adds a member, returning what it boots with. The intent is written to `journal`
-/// durably before anything is sent. Only etcd's "unhealthy cluster" refusal is retried
-/// (it means nothing was added), with `req.retry`'s backoff, each retry logged; every
-/// other error is returned at once. Unreachable endpoints are skipped in order.
+/// durably before anything is sent (refused when an earlier intent survives). Each failure
+/// is classified once ([`rules::classify_status`]) and the next step follows from its class
+/// alone ([`rules::add_step`]): an endpoint that could not be connected to is skipped; etcd's
+/// "unhealthy cluster" refusal is retried with `req.retry`'s backoff, each retry logged; an
+/// add that went unanswered (timeout, broken connection, etcd's "request timed out") may
+/// have been applied, so the member list is read before anything is re-sent, and the
+/// unstarted member it shows is adopted as this add's; every other error is returned at once.
 pub async fn member_add_with(
     opts: &EtcdOptions,
     endpoints: &[String],
@@ -481,51 +527,139 @@ pub async fn member_add_with(
         })?;
     }
     let attempts = req.retry.attempts.max(1);
-    for n in 1..=attempts {
-        let result = first_answer(opts, endpoints, "add a member", |mut c| {
-            let urls = vec![req.peer_url.clone()];
-            let o = if req.learner {
-                MemberAddOptions::new().with_is_learner()
-            } else {
-                MemberAddOptions::new()
-            };
-            async move { c.member_add(urls, Some(o)).await }
-        })
-        .await;
-        match result {
-            Ok((endpoint, resp)) => {
-                let id = resp.member().map(|m| m.id()).unwrap_or(0);
-                let members: Vec<MemberInfo> = resp.member_list().iter().map(to_info).collect();
-                let initial_cluster = rules::initial_cluster(&members, id, &req.name);
-                info!(member = %req.name, peer_url = %req.peer_url, %endpoint, id = %format!("{id:x}"), attempts = n, "etcd member added");
-                return Ok(MemberAdded {
-                    id,
-                    initial_cluster,
-                    attempts: n,
-                    endpoint,
-                });
-            }
-            Err(EtcdError::Request {
-                endpoint, reason, ..
-            }) if reason.contains(UNHEALTHY_CLUSTER) => {
-                if n == attempts {
-                    return Err(EtcdError::AddRefused {
-                        endpoint,
-                        peer_url: req.peer_url.clone(),
-                        attempts,
+    // Set once any attempt went unanswered: from then on, a "peer URL exists" refusal may
+    // be that attempt's own member.
+    let mut unanswered: Option<String> = None;
+    let mut n = 1;
+    loop {
+        let mut tried = Vec::new();
+        let mut refused: Option<String> = None;
+        for ep in endpoints {
+            let result = call_one(opts, ep, |mut c| {
+                let urls = vec![req.peer_url.clone()];
+                let o = if req.learner {
+                    MemberAddOptions::new().with_is_learner()
+                } else {
+                    MemberAddOptions::new()
+                };
+                async move { c.member_add(urls, Some(o)).await }
+            })
+            .await;
+            let err = match result {
+                Ok(resp) => {
+                    let id = resp.member().map(|m| m.id()).unwrap_or(0);
+                    let members: Vec<MemberInfo> = resp.member_list().iter().map(to_info).collect();
+                    let initial_cluster = rules::initial_cluster(&members, id, &req.name);
+                    info!(member = %req.name, peer_url = %req.peer_url, endpoint = %ep, id = %format!("{id:x}"), attempts = n, "etcd member added");
+                    return Ok(MemberAdded {
+                        id,
+                        initial_cluster,
+                        attempts: n,
+                        endpoint: ep.clone(),
                     });
                 }
-                let pause = req.retry.delay_after(n);
-                warn!(
-                    "etcd member {endpoint} refused to add {}: unhealthy cluster (retrying in {pause:?}, {n}/{attempts})",
-                    req.peer_url
-                );
-                tokio::time::sleep(pause).await;
+                Err(e) if e.setup => return Err(e.into_bad_endpoint(ep)),
+                Err(e) => e,
+            };
+            match rules::add_step(err.class, unanswered.is_some()) {
+                rules::AddStep::NextEndpoint => tried.push(format!("{ep}: {}", err.reason)),
+                rules::AddStep::ReadMembers => {
+                    if err.class == ErrorClass::NoAnswer {
+                        warn!(
+                            "etcd member {ep} did not answer the add of {} ({}): reading the member list before any retry",
+                            req.peer_url, err.reason
+                        );
+                        unanswered = Some(ep.clone());
+                    }
+                    let silent = unanswered.as_deref().unwrap_or(ep);
+                    if let Some(added) =
+                        adopt_unanswered_add(opts, endpoints, silent, &err.reason, req, n).await?
+                    {
+                        return Ok(added);
+                    }
+                    if err.class == ErrorClass::PeerUrlExists {
+                        // Listed, yet not as an unstarted member: someone else's member.
+                        return Err(EtcdError::Request {
+                            endpoint: ep.clone(),
+                            op: "add a member",
+                            reason: err.reason,
+                            class: err.class,
+                        });
+                    }
+                    tried.push(format!("{ep}: {}", err.reason));
+                }
+                rules::AddStep::Backoff => {
+                    refused = Some(ep.clone());
+                    break;
+                }
+                rules::AddStep::Fail => {
+                    return Err(EtcdError::Request {
+                        endpoint: ep.clone(),
+                        op: "add a member",
+                        reason: err.reason,
+                        class: err.class,
+                    });
+                }
             }
-            Err(other) => return Err(other),
         }
+        let Some(endpoint) = refused else {
+            return Err(EtcdError::Unreachable {
+                op: "add a member",
+                tried,
+            });
+        };
+        if n >= attempts {
+            return Err(EtcdError::AddRefused {
+                endpoint,
+                peer_url: req.peer_url.clone(),
+                attempts,
+            });
+        }
+        let pause = req.retry.delay_after(n);
+        warn!(
+            "etcd member {endpoint} refused to add {}: unhealthy cluster (retrying in {pause:?}, {n}/{attempts})",
+            req.peer_url
+        );
+        tokio::time::sleep(pause).await;
+        n += 1;
     }
-    unreachable!("the loop returns on its last attempt")
+}
+
+/// After an add went unanswered at `silent`: reads the member list (the other endpoints
+/// first) and returns the unstarted member with the add's peer URL, if any. A list that
+/// cannot be read is [`EtcdError::AddOutcomeUnknown`]: without it, re-sending could add a
+/// second member.
+async fn adopt_unanswered_add(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+    silent: &str,
+    reason: &str,
+    req: &AddMember,
+    attempt: u32,
+) -> Result<Option<MemberAdded>, EtcdError> {
+    let mut order: Vec<String> = endpoints.iter().filter(|e| *e != silent).cloned().collect();
+    order.push(silent.to_string());
+    let (endpoint, members) = match member_list_via(opts, &order).await {
+        Ok(listed) => listed,
+        Err(e) => {
+            return Err(EtcdError::AddOutcomeUnknown {
+                endpoint: silent.to_string(),
+                peer_url: req.peer_url.clone(),
+                reason: reason.to_string(),
+                list_error: e.to_string(),
+            });
+        }
+    };
+    let Some(m) = rules::added_member(&members, &req.peer_url) else {
+        return Ok(None);
+    };
+    info!(member = %req.name, peer_url = %req.peer_url, %endpoint, id = %format!("{:x}", m.id), attempts = attempt, "etcd member add was applied though unanswered; adopting it");
+    Ok(Some(MemberAdded {
+        id: m.id,
+        initial_cluster: rules::initial_cluster(&members, m.id, &req.name),
+        attempts: attempt,
+        endpoint,
+    }))
 }
 
 /// Adds `new_name` at `new_peer_url` as a voting member (journal first, default retry)
@@ -680,30 +814,60 @@ pub struct ClusterHealth {
     pub members: Vec<MemberAnswer>,
 }
 
-/// Fails closed: every endpoint must answer, know a leader, raise no alarm, and all must
-/// name the same leader ([`rules::judge_cluster`]). Members are asked concurrently.
+/// Fails closed. The member list is read through `endpoints` (the first that answers);
+/// then every voting member of that list is asked at its own client URL, concurrently, and
+/// each must have started, answer as itself, know a leader and raise no alarm, and all
+/// must name the same leader ([`rules::judge_members`]). The endpoints given only locate
+/// the cluster: a dead member left off them, or a live one listed twice, changes nothing.
+/// A list that cannot be read is unhealthy too ([`MemberProblem::NoMemberList`]).
 pub async fn etcd_cluster_healthy(
     opts: &EtcdOptions,
     endpoints: &[String],
 ) -> Result<ClusterHealth, EtcdError> {
+    let members = match member_list_via(opts, endpoints).await {
+        Ok((_, members)) => members,
+        Err(EtcdError::NoEndpoints) => {
+            return Err(EtcdError::Unhealthy {
+                problems: vec![MemberProblem::NoMembers],
+                answers: Vec::new(),
+            });
+        }
+        Err(e @ EtcdError::BadEndpoint { .. }) => return Err(e),
+        Err(e) => {
+            return Err(EtcdError::Unhealthy {
+                problems: vec![MemberProblem::NoMemberList {
+                    reason: e.to_string(),
+                }],
+                answers: Vec::new(),
+            });
+        }
+    };
+    let targets = rules::probe_targets(&members);
     let mut set = tokio::task::JoinSet::new();
-    for (i, ep) in endpoints.iter().enumerate() {
-        let (opts, ep) = (opts.clone(), ep.clone());
-        set.spawn(async move { (i, etcd_member_status(&opts, &ep).await) });
+    for (i, t) in targets.iter().enumerate() {
+        if let Some(ep) = &t.endpoint {
+            let (opts, ep) = (opts.clone(), ep.clone());
+            set.spawn(async move { (i, etcd_member_status(&opts, &ep).await) });
+        }
     }
-    let mut answers: Vec<Option<MemberAnswer>> = vec![None; endpoints.len()];
+    let mut answers: Vec<Option<MemberAnswer>> = vec![None; targets.len()];
     while let Some(joined) = set.join_next().await {
         match joined {
             Ok((i, a)) => answers[i] = Some(a),
             Err(e) => warn!("etcd status task failed: {e}"),
         }
     }
-    let answers: Vec<MemberAnswer> = answers
-        .into_iter()
-        .zip(endpoints)
-        .map(|(a, ep)| a.unwrap_or_else(|| MemberAnswer::unreachable(ep, "status task failed")))
-        .collect();
-    match rules::judge_cluster(&answers) {
+    // A task that died still asked a member: it did not answer, it is not "not started".
+    for (a, t) in answers.iter_mut().zip(&targets) {
+        if a.is_none()
+            && let Some(ep) = &t.endpoint
+        {
+            *a = Some(MemberAnswer::unreachable(ep, "status task failed"));
+        }
+    }
+    let verdict = rules::judge_members(&targets, &answers);
+    let answers: Vec<MemberAnswer> = answers.into_iter().flatten().collect();
+    match verdict {
         Ok(leader) => Ok(ClusterHealth {
             leader,
             members: answers,
@@ -806,10 +970,8 @@ pub async fn downgrade_etcd(
         if e.setup {
             return Err(e.into_bad_endpoint(endpoint));
         }
-        // UNIMPLEMENTED (gRPC 12): the service predates the downgrade RPC.
-        let unsupported = e.reason.to_lowercase().contains("unimplemented")
-            || e.reason.contains("unknown method")
-            || e.reason.contains("unknown service");
+        // UNIMPLEMENTED: the service predates the downgrade RPC.
+        let unsupported = e.class == ErrorClass::Unimplemented;
         return Err(EtcdError::DowngradeNotValidated {
             endpoint: endpoint.to_string(),
             target: target.to_string(),
@@ -828,6 +990,7 @@ pub async fn downgrade_etcd(
         endpoint: endpoint.to_string(),
         op: "enable a downgrade",
         reason: e.reason,
+        class: e.class,
     })?;
     info!(endpoint, target, "etcd downgrade enabled");
     Ok(())
@@ -842,6 +1005,26 @@ mod tests {
         assert_eq!(normalize("10.0.0.1:2379", true), "https://10.0.0.1:2379");
         assert_eq!(normalize("10.0.0.1:2379", false), "http://10.0.0.1:2379");
         assert_eq!(normalize("http://a:1", true), "http://a:1");
+    }
+
+    #[test]
+    fn tls_debug_names_paths_but_prints_no_key() {
+        let tls = EtcdTls::from_pem(
+            b"CA PEM",
+            b"CERT PEM",
+            b"-----BEGIN PRIVATE KEY----- SECRET",
+        );
+        let opts = EtcdOptions::with_tls(Some(tls));
+        let text = format!("{opts:?}");
+        assert!(
+            !text.contains("SECRET") && !text.contains("BEGIN"),
+            "{text}"
+        );
+        // Nor as the byte list a derived Debug prints ("S, E, C" = 83, 69, 67).
+        assert!(!text.contains("83, 69, 67"), "{text}");
+        assert!(text.contains("redacted"), "{text}");
+        let files = EtcdTls::from_paths("/pki/ca.crt", "/pki/c.crt", "/pki/c.key");
+        assert!(format!("{files:?}").contains("/pki/c.key"));
     }
 
     #[test]

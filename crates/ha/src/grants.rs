@@ -133,9 +133,18 @@ pub enum GrantError {
         #[source]
         source: BoxError,
     },
+    /// A rekey was asked to the key already set.
+    #[error(
+        "{SECRET_REF} is already sealed under this certificate-key: a rekey to the same key \
+         retires nothing; generate a fresh one (CertKey::generate). Nothing was written"
+    )]
+    SameKey,
     /// The publication would not fit.
     #[error(transparent)]
     Budget(#[from] BudgetExceeded),
+    /// The Secret's generation cannot be incremented.
+    #[error(transparent)]
+    Generation(#[from] plan::GenerationExhausted),
     /// A bundle could not be encoded.
     #[error("cannot seal the bundle: {0}")]
     Seal(#[source] EnvelopeError),
@@ -340,7 +349,7 @@ where
         let now = Utc::now();
         let owner_id = request.owner.map(|o| o.token_id.as_str());
         let tokens = grant_token_states(client, observed.as_ref(), owner_id, now).await?;
-        let generation = plan::observed_generation(observed.as_ref()) + 1;
+        let generation = plan::next_generation(observed.as_ref())?;
         let grant = match request.owner {
             Some(owner) => {
                 let entry = grant_entry_name(&owner.token_id);
@@ -365,8 +374,9 @@ where
         let publication = plan::Publication {
             grant,
             legacy: envelope::seal_legacy(request.cert_key, request.files),
-            proof: encryption_config
-                .map(|config| envelope::seal_key_proof(config, binding(PROOF_ENTRY, ""))),
+            proof: encryption_config.map(|config| {
+                envelope::seal_key_proof(config, binding(PROOF_ENTRY, ""), generation)
+            }),
             generation,
             owner: request.owner.map(|o| o.reference.clone()),
             retire_all_grants: request.retire_all_grants,
@@ -472,7 +482,8 @@ pub async fn re_upload_certs(
 }
 
 /// Replaces the shared bundle with one under `cert_key` and removes every per-token entry
-/// in one update, so no earlier certificate-key opens anything any more. `confirm` is the
+/// in one update, so no earlier certificate-key opens anything any more. The key already
+/// set is refused ([`GrantError::SameKey`]): that "rekey" would retire nothing. `confirm` is the
 /// caller's fence recheck, run immediately before each write attempt.
 pub async fn rekey_shared_certs<F, Fut>(
     client: &kube::Client,
@@ -486,6 +497,7 @@ where
     Fut: Future<Output = Result<(), BoxError>>,
 {
     let files = read_bundle_files(pki_dir)?;
+    refuse_current_key(client, cert_key).await?;
     publish(
         client,
         PublishRequest {
@@ -500,6 +512,24 @@ where
     .await
 }
 
+/// Refuses a rekey to the key already set: the legacy entry is sealed under the newest
+/// key, so if it opens under `cert_key` the rekey would retire nothing the old key opens.
+async fn refuse_current_key(client: &kube::Client, cert_key: &CertKey) -> Result<(), GrantError> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    let Some(secret) = api
+        .get_opt(SECRET_NAME)
+        .await
+        .map_err(secret_api_error("read"))?
+    else {
+        return Ok(());
+    };
+    let legacy = secret.data.as_ref().and_then(|d| d.get(LEGACY_ENTRY));
+    if legacy.is_some_and(|sealed| envelope::open_legacy(cert_key, &sealed.0).is_ok()) {
+        return Err(GrantError::SameKey);
+    }
+    Ok(())
+}
+
 async fn read_grant_secret(client: &kube::Client) -> Result<Secret, GrantError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
     api.get_opt(SECRET_NAME)
@@ -511,7 +541,9 @@ async fn read_grant_secret(client: &kube::Client) -> Result<Secret, GrantError> 
 /// Downloads this join's grant: the token in `bootstrap_kubeconfig` names the entry
 /// (`certs-<token-id>`), so a later mint moving the legacy entry to a newer key does not
 /// break it. Opens it with `cert_key`, runs `check` on its profile, and only then writes the
-/// files into `pki_dir`; on any failure nothing is written.
+/// files into `pki_dir`, staged whole beside it and switched in with one directory swap
+/// ([`disk::write_bundle_files`]); on any failure nothing is written and no copy of a key
+/// is left behind.
 pub async fn download_certs<C>(
     bootstrap_kubeconfig: &Path,
     pki_dir: &Path,
@@ -710,9 +742,12 @@ pub async fn published_bundle_carries_key(
     };
     let proof = secret.data.as_ref().and_then(|d| d.get(PROOF_ENTRY));
     let carries = match (encryption_config, proof) {
-        (Some(config), Some(proof)) => {
-            envelope::key_proof_opens(config, binding(PROOF_ENTRY, ""), &proof.0)
-        }
+        (Some(config), Some(proof)) => envelope::key_proof_opens(
+            config,
+            binding(PROOF_ENTRY, ""),
+            &proof.0,
+            plan::observed_generation(Some(&secret)),
+        ),
         _ => false,
     };
     Ok(BundleKeyState {

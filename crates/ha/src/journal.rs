@@ -64,6 +64,19 @@ pub enum JournalError {
         #[source]
         source: pki::PkiError,
     },
+    /// An earlier intent survives: a join that may have added an etcd member and not
+    /// finished. Recording over it would lose the only record of that member.
+    #[error(
+        "join intent journal {path} already records {intent}; a join may have added that etcd \
+         member and not finished. Check `stratum-server etcd members`: remove the member if it \
+         never started, finish or roll back that join, then remove the journal. Nothing was sent"
+    )]
+    Survives {
+        /// The journal file.
+        path: PathBuf,
+        /// The surviving intent (member name, peer URL, when), or why it cannot be read.
+        intent: String,
+    },
     /// Removing the journal failed.
     #[error("cannot clear the join intent journal {path}: {source}")]
     Clear {
@@ -94,13 +107,69 @@ impl JoinIntentJournal {
         &self.path
     }
 
-    /// Records `intent` durably: temporary file, fsync, rename, fsync of the directory.
-    /// Only after this returns may the member add be sent.
+    /// Records `intent` durably: temporary file, fsync, hard link into place (which, unlike a
+    /// rename, never replaces an existing journal), fsync of the directory. Only after this
+    /// returns may the member add be sent. A surviving intent is refused, naming it
+    /// ([`JournalError::Survives`]).
     pub fn record(&self, intent: &JoinIntent) -> Result<(), JournalError> {
-        let bytes = serde_json::to_vec_pretty(intent).expect("a JoinIntent always serializes");
-        pki::write_atomic(&self.path, &bytes, 0o600).map_err(|source| JournalError::Write {
+        self.refuse_survivor()?;
+        let bytes = serde_json::to_vec_pretty(intent).unwrap_or_default();
+        let dir = self
+            .path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let tmp = dir.join(format!(".{JOIN_INTENT_FILE}.new.{}", std::process::id()));
+        let write_err = |source| JournalError::Write {
             path: self.path.clone(),
             source,
+        };
+        let _ = std::fs::remove_file(&tmp);
+        pki::write_atomic(&tmp, &bytes, 0o600).map_err(write_err)?;
+        let linked = std::fs::hard_link(&tmp, &self.path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {}
+            // Recorded by someone else between the check and the link.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return self.refuse_survivor();
+            }
+            Err(e) => {
+                return Err(write_err(pki::PkiError::Io {
+                    op: "link",
+                    path: self.path.clone(),
+                    source: e,
+                }));
+            }
+        }
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| {
+                write_err(pki::PkiError::Io {
+                    op: "fsync directory",
+                    path: dir.clone(),
+                    source: e,
+                })
+            })
+    }
+
+    /// `Ok` when no intent survives; otherwise the refusal naming it.
+    fn refuse_survivor(&self) -> Result<(), JournalError> {
+        let intent = match self.read() {
+            Ok(None) => return Ok(()),
+            Ok(Some(i)) => format!(
+                "member {:?} at peer URL {} (recorded at Unix time {}, through {})",
+                i.member_name,
+                i.peer_url,
+                i.recorded_at_unix,
+                i.endpoints.join(", ")
+            ),
+            Err(e @ JournalError::Unreadable { .. }) => return Err(e),
+            Err(e) => format!("an intent that does not parse ({e})"),
+        };
+        Err(JournalError::Survives {
+            path: self.path.clone(),
+            intent,
         })
     }
 
@@ -202,6 +271,37 @@ mod tests {
         j.clear().unwrap();
         assert!(!j.survives().unwrap());
         j.clear().unwrap();
+    }
+
+    #[test]
+    fn a_surviving_intent_is_refused_and_named_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = JoinIntentJournal::new(dir.path());
+        j.record(&intent()).unwrap();
+        let mut other = intent();
+        other.member_name = "cp-3".into();
+        other.peer_url = "https://10.0.0.3:2380".into();
+        let err = j.record(&other).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("cp-2") && text.contains("https://10.0.0.2:2380"),
+            "the surviving intent is named: {text}"
+        );
+        assert!(text.contains(JOIN_INTENT_FILE), "{text}");
+        assert_eq!(j.read().unwrap(), Some(intent()), "the survivor is kept");
+        // A survivor that does not parse is refused too, not replaced.
+        std::fs::write(j.path(), b"garbage").unwrap();
+        assert!(j.record(&other).is_err());
+        assert_eq!(std::fs::read(j.path()).unwrap(), b"garbage");
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+        // Once cleared, a new intent is recorded.
+        j.clear().unwrap();
+        j.record(&other).unwrap();
+        assert_eq!(j.read().unwrap(), Some(other));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Grows a control plane from one controller to several without risking etcd quorum or
 //! leaking the cluster's CA keys.
 
+pub mod admins;
 pub mod etcd;
 pub mod grants;
 pub mod journal;

@@ -73,6 +73,7 @@ impl BootstrapToken {
         };
         check_part(id, ID_LEN, "id").map_err(malformed)?;
         check_part(secret, SECRET_LEN, "secret").map_err(malformed)?;
+        // Neither error above quotes a character of the secret half.
         Ok(BootstrapToken {
             id: id.to_string(),
             secret: secret.to_string(),
@@ -102,13 +103,22 @@ fn check_part(part: &str, len: usize, what: &str) -> Result<(), String> {
             part.chars().count()
         ));
     }
-    if let Some(c) = part
+    if let Some((at, c)) = part
         .chars()
-        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit()))
+        .enumerate()
+        .find(|(_, c)| !(c.is_ascii_lowercase() || c.is_ascii_digit()))
     {
-        return Err(format!(
-            "the {what} contains {c:?}; only lowercase letters and digits are allowed"
-        ));
+        // The id is public; the secret half is not, so not even one character of it is
+        // quoted, only where the offending one sits.
+        return Err(if what == "id" {
+            format!("the {what} contains {c:?}; only lowercase letters and digits are allowed")
+        } else {
+            format!(
+                "the {what} has a character other than a lowercase letter or a digit at \
+                 position {} (not shown: it is secret)",
+                at + 1
+            )
+        });
     }
     Ok(())
 }
@@ -287,7 +297,66 @@ impl MintedToken {
     }
 }
 
-/// Creates a fresh token Secret expiring `ttl` after `now`.
+/// The longest a control-plane token (and so its grant of the CA keys) lives unless the
+/// caller explicitly allows longer ([`TokenRequest::allow_long_ttl`]): kubeadm's
+/// `upload-certs` secret lives two hours; a day covers a slow join.
+pub const MAX_CONTROL_PLANE_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// When a token minted at `now` with `ttl` expires, refusing a zero TTL, a control-plane TTL
+/// over [`MAX_CONTROL_PLANE_TTL`] unless `allow_long`, and a TTL that overflows the
+/// calendar (pure).
+pub fn token_expiration(
+    role: TokenRole,
+    ttl: Duration,
+    allow_long: bool,
+    now: DateTime<Utc>,
+) -> Result<DateTime<Utc>, TokenError> {
+    let bad = |reason: String| TokenError::Ttl {
+        text: humanize(ttl),
+        reason,
+    };
+    if ttl.is_zero() {
+        return Err(bad(
+            "a token that never expires is refused: give a positive --ttl".into(),
+        ));
+    }
+    if role == TokenRole::ControlPlane && ttl > MAX_CONTROL_PLANE_TTL && !allow_long {
+        return Err(bad(format!(
+            "a control-plane token's grant decrypts the CA keys, so it lives at most {} \
+             unless explicitly allowed (--allow-long-ttl)",
+            humanize(MAX_CONTROL_PLANE_TTL)
+        )));
+    }
+    chrono::Duration::from_std(ttl)
+        .ok()
+        .and_then(|d| now.checked_add_signed(d))
+        .ok_or_else(|| bad("it ends past the last date the calendar can hold".into()))
+}
+
+fn humanize(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (h, 0, 0) => format!("{h}h"),
+        (0, m, 0) => format!("{m}m"),
+        (h, m, sec) => format!("{h}h{m}m{sec}s"),
+    }
+}
+
+/// What to mint: the role, lifetime and description of a token.
+#[derive(Debug, Clone)]
+pub struct TokenRequest<'a> {
+    /// Worker or control plane.
+    pub role: TokenRole,
+    /// How long it lives.
+    pub ttl: Duration,
+    /// Stored on the token Secret.
+    pub description: Option<&'a str>,
+    /// Let a control-plane token live longer than [`MAX_CONTROL_PLANE_TTL`].
+    pub allow_long_ttl: bool,
+}
+
+/// Creates a fresh token Secret expiring `ttl` after `now` ([`token_expiration`]'s limits,
+/// a control-plane token capped at [`MAX_CONTROL_PLANE_TTL`]).
 pub async fn create_token(
     client: &kube::Client,
     role: TokenRole,
@@ -295,17 +364,27 @@ pub async fn create_token(
     description: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<MintedToken, TokenError> {
-    if ttl.is_zero() {
-        return Err(TokenError::Ttl {
-            text: "0".into(),
-            reason: "a token that never expires is refused: give a positive --ttl".into(),
-        });
-    }
-    let ttl = chrono::Duration::from_std(ttl).map_err(|_| TokenError::Ttl {
-        text: format!("{ttl:?}"),
-        reason: "too long".into(),
-    })?;
-    let expiration = now + ttl;
+    mint_token(
+        client,
+        &TokenRequest {
+            role,
+            ttl,
+            description,
+            allow_long_ttl: false,
+        },
+        now,
+    )
+    .await
+}
+
+/// Creates a fresh token Secret as `request` asks.
+pub async fn mint_token(
+    client: &kube::Client,
+    request: &TokenRequest<'_>,
+    now: DateTime<Utc>,
+) -> Result<MintedToken, TokenError> {
+    let (role, description) = (request.role, request.description);
+    let expiration = token_expiration(role, request.ttl, request.allow_long_ttl, now)?;
     let api: Api<Secret> = Api::namespaced(client.clone(), TOKEN_NAMESPACE);
     // 36^6 ids: a collision with a live token is rare, but a retry costs nothing and an
     // AlreadyExists must never overwrite someone else's token.
@@ -593,13 +672,55 @@ mod tests {
             ("abcde.0123456789abcdef", "id is 5 characters"),
             ("abcdef.0123456789abcde", "secret is 15 characters"),
             ("ABCDEF.0123456789abcdef", "contains 'A'"),
-            ("abcdef.0123456789abcde_", "contains '_'"),
+            ("abcdef.0123456789abcde_", "position 16"),
         ];
         for (text, want) in cases {
             let err = BootstrapToken::parse(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text}: {err}");
         }
         assert!(BootstrapToken::parse(" abcdef.0123456789abcdef\n").is_ok());
+    }
+
+    #[test]
+    fn a_malformed_secret_half_is_never_quoted() {
+        let err = BootstrapToken::parse("abcdef.0123456789abcdE!")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("position 15"), "{err}");
+        for leaked in ["'E'", "\"E\"", "0123456789abcd", "E!"] {
+            assert!(!err.contains(leaked), "quotes the secret ({leaked}): {err}");
+        }
+        // The public id is still quoted, so a typo there is easy to find.
+        let err = BootstrapToken::parse("abcdeF.0123456789abcdef")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'F'"), "{err}");
+    }
+
+    #[test]
+    fn token_lifetimes_are_checked_not_overflowed() {
+        let now = Utc::now();
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        // 3000000000h ends past chrono's calendar: an error, not a panic.
+        let huge = parse_ttl("3000000000h").unwrap();
+        let err = token_expiration(TokenRole::Worker, huge, true, now).unwrap_err();
+        assert!(err.to_string().contains("calendar"), "{err}");
+        let err = token_expiration(TokenRole::ControlPlane, huge, false, now).unwrap_err();
+        assert!(err.to_string().contains("--allow-long-ttl"), "{err}");
+        assert_eq!(
+            token_expiration(TokenRole::ControlPlane, hours(24), false, now).unwrap(),
+            now + chrono::Duration::hours(24)
+        );
+        let err = token_expiration(TokenRole::ControlPlane, hours(25), false, now).unwrap_err();
+        assert!(
+            err.to_string().contains("24h") && err.to_string().contains("--allow-long-ttl"),
+            "{err}"
+        );
+        assert!(token_expiration(TokenRole::ControlPlane, hours(25), true, now).is_ok());
+        assert!(token_expiration(TokenRole::Worker, hours(24 * 30), false, now).is_ok());
+        assert!(token_expiration(TokenRole::Worker, Duration::ZERO, true, now).is_err());
+        // u64 overflow while parsing is an error as before.
+        assert!(parse_ttl("99999999999999999999h").is_err());
     }
 
     #[test]

@@ -4,9 +4,10 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use rand::RngCore as _;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType, SerialNumber,
 };
 
 use crate::{PkiError, pem_to_der};
@@ -77,10 +78,24 @@ impl std::fmt::Debug for IssuedCert {
     }
 }
 
+/// Bytes of a serial number: 20 (RFC 5280's maximum), the top bit clear so it stays
+/// positive and the next one set so it is always encoded at full length: 158 random bits.
+pub const SERIAL_LEN: usize = 20;
+
+/// A fresh random serial number from the OS-seeded CSPRNG (never derived from the key, so
+/// two certificates for one key never share a serial).
+fn random_serial() -> SerialNumber {
+    let mut bytes = [0u8; SERIAL_LEN];
+    rand::rng().fill_bytes(&mut bytes);
+    bytes[0] = (bytes[0] & 0x7f) | 0x40;
+    SerialNumber::from_slice(&bytes)
+}
+
 /// A certificate authority that can issue leaves: its certificate and signing key.
 pub struct Ca {
     name: String,
     cert_pem: String,
+    not_after: time::OffsetDateTime,
     issuer: Issuer<'static, KeyPair>,
 }
 
@@ -96,6 +111,14 @@ fn validity(params: &mut CertificateParams, how_long: Duration) {
     params.not_after = now + how_long;
 }
 
+/// The key usages of every CA: sign certificates (and CRLs), nothing else. ECDSA keys
+/// cannot encipher keys, so `keyEncipherment` is never set.
+const CA_KEY_USAGES: [KeyUsagePurpose; 3] = [
+    KeyUsagePurpose::DigitalSignature,
+    KeyUsagePurpose::KeyCertSign,
+    KeyUsagePurpose::CrlSign,
+];
+
 impl Ca {
     /// A new self-signed CA with common name `cn`, valid ten years.
     pub fn generate(cn: &str) -> Result<Ca, PkiError> {
@@ -108,17 +131,17 @@ impl Ca {
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, cn);
         params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-            KeyUsagePurpose::KeyCertSign,
-        ];
+        // pathlen:0: it issues leaves only, never another CA.
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = CA_KEY_USAGES.to_vec();
+        params.serial_number = Some(random_serial());
         validity(&mut params, CA_VALIDITY);
+        let not_after = params.not_after;
         let cert = params.self_signed(&key).map_err(gen_err)?;
         Ok(Ca {
             name: cn.to_string(),
             cert_pem: cert.pem(),
+            not_after,
             issuer: Issuer::new(params, key),
         })
     }
@@ -147,6 +170,7 @@ impl Ca {
                 reason: "the certificate is not a CA (basicConstraints CA:TRUE missing)".into(),
             });
         }
+        let not_after = x509.validity().not_after.to_datetime();
         let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(|e| PkiError::Parse {
             what: format!("{name} certificate"),
             reason: e.to_string(),
@@ -154,6 +178,7 @@ impl Ca {
         Ok(Ca {
             name: name.to_string(),
             cert_pem: cert_pem.to_string(),
+            not_after,
             issuer,
         })
     }
@@ -188,7 +213,15 @@ impl Ca {
         self.issuer.key().serialize_pem()
     }
 
-    /// Issues a leaf with a fresh key.
+    /// When the CA certificate expires.
+    pub fn not_after(&self) -> time::OffsetDateTime {
+        self.not_after
+    }
+
+    /// Issues a leaf with a fresh key and a random serial. Its lifetime is `spec.validity`,
+    /// clamped to end no later than the CA's own: a leaf outliving its issuer would fail
+    /// verification from the CA's expiry on, long before its own date. An expired CA
+    /// issues nothing.
     pub fn issue(&self, spec: &LeafSpec) -> Result<IssuedCert, PkiError> {
         let gen_err = |source| PkiError::Generate {
             what: format!("{} (issued by {})", spec.common_name, self.name),
@@ -208,10 +241,9 @@ impl Ca {
         dn.push(DnType::CommonName, spec.common_name.as_str());
         params.distinguished_name = dn;
         params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
+        // ECDSA: digitalSignature only (keyEncipherment is an RSA key-transport usage).
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.serial_number = Some(random_serial());
         params.extended_key_usages = spec
             .usages
             .iter()
@@ -232,6 +264,16 @@ impl Ca {
             params.subject_alt_names.push(SanType::IpAddress(*ip));
         }
         validity(&mut params, spec.validity);
+        if self.not_after <= params.not_before + BACKDATE {
+            return Err(PkiError::Invalid {
+                what: format!("leaf {} of {}", spec.common_name, self.name),
+                reason: format!(
+                    "the CA expired at {}: renew it before issuing",
+                    self.not_after
+                ),
+            });
+        }
+        params.not_after = params.not_after.min(self.not_after);
         let key = KeyPair::generate().map_err(gen_err)?;
         let cert = params.signed_by(&key, &self.issuer).map_err(gen_err)?;
         Ok(IssuedCert {

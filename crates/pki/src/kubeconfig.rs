@@ -7,9 +7,23 @@ use base64::engine::general_purpose::STANDARD;
 
 use crate::{Ca, LeafSpec, PkiError, Usage, write_atomic};
 
+/// The group of `admin.conf`'s user (kubeadm's since 1.29). It has no rights by itself: a
+/// ClusterRoleBinding to `cluster-admin`, which bootstrap creates, grants them, so revoking
+/// that binding revokes every admin.conf at once, which `system:masters` never allows.
+pub const CLUSTER_ADMINS_GROUP: &str = "kubeadm:cluster-admins";
+/// The break-glass kubeconfig: its user is in `system:masters`, which no RBAC change can
+/// revoke. Used to create the cluster-admins binding at bootstrap and when RBAC is broken;
+/// keep it off every machine that does not need it.
+pub const SUPER_ADMIN_KUBECONFIG: &str = "super-admin.conf";
+
 /// The kubeconfigs [`write_kubeconfigs`] writes: (file name, user CN, groups).
 pub const KUBECONFIG_FILES: &[(&str, &str, &[&str])] = &[
-    ("admin.conf", "kubernetes-admin", &["system:masters"]),
+    ("admin.conf", "kubernetes-admin", &[CLUSTER_ADMINS_GROUP]),
+    (
+        SUPER_ADMIN_KUBECONFIG,
+        "kubernetes-super-admin",
+        &["system:masters"],
+    ),
     (
         "controller-manager.conf",
         "system:kube-controller-manager",
@@ -66,7 +80,8 @@ fn serde_json_quote(s: &str) -> String {
     out
 }
 
-/// Writes admin, controller-manager and scheduler kubeconfigs into `out_dir`, each with
+/// Writes admin, super-admin, controller-manager and scheduler kubeconfigs into `out_dir`
+/// ([`KUBECONFIG_FILES`]), each with
 /// a client certificate issued by the cluster CA in `pki_dir`, pointing at `server`
 /// (e.g. `https://10.0.0.100:6443`). They embed private keys: written 0600, and with
 /// `overwrite` false an existing one is refused before anything is written.

@@ -12,8 +12,14 @@
 //! - [`generate_shared`]: the CAs and service-account key pair of a new cluster.
 //! - [`issue_node_leaves`]: this node's apiserver, etcd and front-proxy leaves
 //!   ([`NodeIdentity`] carries its name, addresses and the VIP).
-//! - [`write_kubeconfigs`]: admin, controller-manager and scheduler kubeconfigs with
-//!   embedded client certificates.
+//! - [`write_kubeconfigs`]: admin, super-admin, controller-manager and scheduler
+//!   kubeconfigs with embedded client certificates. `admin.conf` is in
+//!   [`CLUSTER_ADMINS_GROUP`] (bound to `cluster-admin` by RBAC, revocable);
+//!   `super-admin.conf` is the break-glass credential in `system:masters`.
+//!
+//! Certificates carry random 158-bit serials; CAs are `pathlen:0` and, like every leaf,
+//! have no `keyEncipherment` (ECDSA keys sign, they do not encipher); a leaf never
+//! outlives its CA.
 //! - [`ca_cert_hash`]: the `sha256:<hex>` pin a joining node checks the CA against.
 //! - [`Ca`] and [`LeafSpec`]: issue arbitrary leaves in memory (test harnesses use this).
 //!
@@ -35,7 +41,9 @@ use sha2::{Digest, Sha256};
 
 pub use ca::{Ca, IssuedCert, LeafSpec, Usage};
 pub use check::{CertStatus, CheckReport, check};
-pub use kubeconfig::{KUBECONFIG_FILES, write_kubeconfigs};
+pub use kubeconfig::{
+    CLUSTER_ADMINS_GROUP, KUBECONFIG_FILES, SUPER_ADMIN_KUBECONFIG, write_kubeconfigs,
+};
 pub use node::{NodeIdentity, issue_node_leaves, node_leaf_files};
 
 /// Where the PKI lives when no directory is given (kubeadm's layout).

@@ -221,3 +221,109 @@ async fn worker_token_prints_a_pinned_join_without_a_grant() -> anyhow::Result<(
     server.shutdown().await;
     Ok(())
 }
+
+/// A grant Secret whose generation annotation sits at u64::MAX: `token create
+/// --control-plane` fails with an error naming the annotation, not a panic, and leaves no
+/// live control-plane token without its grant.
+#[tokio::test]
+async fn a_generation_at_u64_max_fails_cleanly_and_deletes_the_token() -> anyhow::Result<()> {
+    let server = ApiServer::start().await?;
+    let client = server.client();
+    let pki_dir = tempfile::tempdir()?;
+    pki::generate_shared(pki_dir.path(), false)?;
+    let api: Api<Secret> = Api::namespaced(client.clone(), grants::NAMESPACE);
+    let mut planted = Secret::default();
+    planted.metadata.name = Some(grants::SECRET_NAME.into());
+    planted.metadata.annotations = Some(
+        [(
+            grants::plan::GENERATION_ANNOTATION.to_string(),
+            u64::MAX.to_string(),
+        )]
+        .into(),
+    );
+    api.create(&Default::default(), &planted).await?;
+    let kubeconfig = server
+        .kubeconfig_path()
+        .to_str()
+        .context("path")?
+        .to_string();
+    let out = stratum_server(&[
+        "token",
+        "create",
+        "--control-plane",
+        "--kubeconfig",
+        &kubeconfig,
+        "--pki-dir",
+        pki_dir.path().to_str().context("path")?,
+    ])
+    .await?;
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "a panic: {stderr}");
+    assert!(
+        stderr.contains(grants::plan::GENERATION_ANNOTATION),
+        "{stderr}"
+    );
+    assert!(
+        token_secrets(&client).await?.is_empty(),
+        "the control-plane token without a grant was deleted again"
+    );
+    let after = api.get(grants::SECRET_NAME).await?;
+    assert!(
+        after.data.unwrap_or_default().is_empty(),
+        "nothing was published"
+    );
+    server.shutdown().await;
+    Ok(())
+}
+
+/// Token lifetimes: an enormous --ttl is an error, not a panic; a control-plane token is
+/// capped at 24h unless --allow-long-ttl is given.
+#[tokio::test]
+async fn token_lifetimes_are_bounded_and_never_panic() -> anyhow::Result<()> {
+    let server = ApiServer::start().await?;
+    let client = server.client();
+    let pki_dir = tempfile::tempdir()?;
+    pki::generate_shared(pki_dir.path(), false)?;
+    let kubeconfig = server
+        .kubeconfig_path()
+        .to_str()
+        .context("path")?
+        .to_string();
+    let pki_arg = pki_dir.path().to_str().context("path")?.to_string();
+    let run = |extra: &'static [&'static str]| {
+        let (kubeconfig, pki_arg) = (kubeconfig.clone(), pki_arg.clone());
+        async move {
+            let mut args = vec![
+                "token",
+                "create",
+                "--kubeconfig",
+                &kubeconfig,
+                "--pki-dir",
+                &pki_arg,
+            ];
+            args.extend_from_slice(extra);
+            stratum_server(&args).await
+        }
+    };
+    let out = run(&["--ttl", "3000000000h"]).await?;
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success() && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("calendar"), "{stderr}");
+    let out = run(&["--control-plane", "--ttl", "25h"]).await?;
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("24h") && stderr.contains("--allow-long-ttl"),
+        "{stderr}"
+    );
+    assert!(token_secrets(&client).await?.is_empty(), "nothing minted");
+    let out = run(&["--control-plane", "--ttl", "25h", "--allow-long-ttl"]).await?;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(token_secrets(&client).await?.len(), 1);
+    server.shutdown().await;
+    Ok(())
+}

@@ -11,45 +11,136 @@ use std::time::Duration;
 /// start, or while a previously added member has not started yet. Nothing was added.
 pub const UNHEALTHY_CLUSTER: &str = "etcdserver: unhealthy cluster";
 
-/// How a failed request is to be treated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a failed request is to be treated. Computed once, by [`classify_status`] (and the
+/// client-side wrapper in [`crate::etcd`]), and matched by every caller: no caller looks at
+/// an error's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
-    /// The member could not be reached (or did not answer in time): ask another one.
+    /// The member could not be connected to: the request was never sent. Ask another one.
     Unreachable,
+    /// The request was (or may have been) sent, but no answer came: a timeout, a connection
+    /// broken mid-call, or etcd's own "request timed out" / "leader changed". A write may
+    /// have been applied: read before re-sending it.
+    NoAnswer,
     /// etcd refused a reconfiguration with "unhealthy cluster": nothing changed, safe to
     /// retry after a pause.
     UnhealthyCluster,
-    /// The member answered with an error: report it, do not retry.
+    /// The server has no such RPC (gRPC UNIMPLEMENTED): an older etcd.
+    Unimplemented,
+    /// etcd refused a member add: a member already has this peer URL.
+    PeerUrlExists,
+    /// The member answered with another error: report it, do not retry.
     Answered,
 }
 
 /// gRPC status codes (tonic's numbering) that matter here.
 pub mod code {
-    /// DEADLINE_EXCEEDED.
-    pub const DEADLINE_EXCEEDED: i32 = 4;
-    /// UNAVAILABLE.
-    pub const UNAVAILABLE: i32 = 14;
-    /// UNKNOWN.
-    pub const UNKNOWN: i32 = 2;
     /// CANCELLED.
     pub const CANCELLED: i32 = 1;
+    /// UNKNOWN.
+    pub const UNKNOWN: i32 = 2;
+    /// DEADLINE_EXCEEDED.
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    /// UNIMPLEMENTED.
+    pub const UNIMPLEMENTED: i32 = 12;
+    /// UNAVAILABLE.
+    pub const UNAVAILABLE: i32 = 14;
 }
 
-/// Classifies a gRPC status by its code and message. etcd's own refusals carry messages
-/// starting `etcdserver:`; an UNAVAILABLE/DEADLINE without one is the transport failing.
+/// etcd's answers whose outcome is unknown: the proposal may still be applied.
+const ETCD_AMBIGUOUS: &[&str] = &[
+    "etcdserver: request timed out",
+    "etcdserver: leader changed",
+    "etcdserver: server stopped",
+];
+
+/// Texts of a failure to connect at all (the request never left this process).
+const CONNECT_FAILED: &[&str] = &[
+    "tcp connect error",
+    "connection refused",
+    "no route to host",
+    "network is unreachable",
+    "dns error",
+    "failed to lookup address",
+];
+
+/// Classifies a gRPC status by its code and message (with its causes appended). etcd's own
+/// refusals carry messages starting `etcdserver:`; an UNAVAILABLE/DEADLINE/CANCELLED without
+/// one is the transport failing: before the request was sent when connecting failed,
+/// otherwise with the outcome unknown.
 pub fn classify_status(code: i32, message: &str) -> ErrorClass {
     if message.contains(UNHEALTHY_CLUSTER) {
         return ErrorClass::UnhealthyCluster;
     }
+    let lower = message.to_ascii_lowercase();
+    if code == code::UNIMPLEMENTED
+        || lower.contains("unknown service")
+        || lower.contains("unknown method")
+    {
+        return ErrorClass::Unimplemented;
+    }
+    if lower.contains("etcdserver: peer urls already exists") {
+        return ErrorClass::PeerUrlExists;
+    }
+    if ETCD_AMBIGUOUS.iter().any(|t| message.starts_with(t)) {
+        return ErrorClass::NoAnswer;
+    }
     let from_etcd = message.starts_with("etcdserver:") || message.starts_with("etcdhttp:");
+    let connect_failed = CONNECT_FAILED.iter().any(|t| lower.contains(t));
     match code {
         code::UNAVAILABLE | code::DEADLINE_EXCEEDED | code::CANCELLED if !from_etcd => {
-            ErrorClass::Unreachable
+            if connect_failed {
+                ErrorClass::Unreachable
+            } else {
+                ErrorClass::NoAnswer
+            }
         }
         // tonic reports a broken connection mid-call as UNKNOWN with a transport message.
-        code::UNKNOWN if message.contains("transport error") => ErrorClass::Unreachable,
+        code::UNKNOWN if lower.contains("transport error") => {
+            if connect_failed {
+                ErrorClass::Unreachable
+            } else {
+                ErrorClass::NoAnswer
+            }
+        }
         _ => ErrorClass::Answered,
     }
+}
+
+/// What a member add does next after a failed attempt, by the failure's class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddStep {
+    /// Nothing was sent: try the next endpoint.
+    NextEndpoint,
+    /// The outcome is unknown: read the member list before anything is re-sent.
+    ReadMembers,
+    /// etcd refused with "unhealthy cluster": pause, then retry.
+    Backoff,
+    /// Give up with this error.
+    Fail,
+}
+
+/// The member-add retry rule. A peer URL that already exists after an earlier attempt
+/// went unanswered may be that attempt's own member: read the list, do not fail.
+pub fn add_step(class: ErrorClass, earlier_attempt_unanswered: bool) -> AddStep {
+    match class {
+        ErrorClass::Unreachable => AddStep::NextEndpoint,
+        ErrorClass::NoAnswer => AddStep::ReadMembers,
+        ErrorClass::UnhealthyCluster => AddStep::Backoff,
+        ErrorClass::PeerUrlExists if earlier_attempt_unanswered => AddStep::ReadMembers,
+        ErrorClass::PeerUrlExists | ErrorClass::Unimplemented | ErrorClass::Answered => {
+            AddStep::Fail
+        }
+    }
+}
+
+/// The member an earlier, unanswered add of `peer_url` created: listed with that peer URL
+/// and not started yet. A started member with the URL is someone else's, not this add's.
+pub fn added_member<'a>(members: &'a [MemberInfo], peer_url: &str) -> Option<&'a MemberInfo> {
+    members
+        .iter()
+        .find(|m| !m.started() && m.peer_urls.iter().any(|u| u == peer_url))
 }
 
 /// Bounded exponential backoff for the unhealthy-cluster refusal.
@@ -291,6 +382,26 @@ pub enum MemberProblem {
         /// The alarms.
         alarms: Vec<String>,
     },
+    /// The member list could not be read: nothing to vouch for.
+    NoMemberList {
+        /// Why.
+        reason: String,
+    },
+    /// A voting member was added but has not started (it has no client URL): it counts
+    /// towards quorum and answers nothing.
+    NotStarted {
+        /// The member, as [`MemberInfo::label`] names it.
+        member: String,
+    },
+    /// A listed member's client URL was answered by another member.
+    WrongMember {
+        /// The endpoint asked.
+        endpoint: String,
+        /// The member listed at it.
+        expected: u64,
+        /// The member that answered.
+        answered: u64,
+    },
     /// Members name different leaders: a split brain, or an election in progress.
     LeaderDisagreement {
         /// (endpoint, leader ID) of every member that named one.
@@ -302,6 +413,21 @@ impl std::fmt::Display for MemberProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             MemberProblem::NoMembers => write!(f, "no etcd endpoints to check"),
+            MemberProblem::NoMemberList { reason } => {
+                write!(f, "cannot read the etcd member list: {reason}")
+            }
+            MemberProblem::NotStarted { member } => write!(
+                f,
+                "voting member {member} was added but has not started: start it, or remove it"
+            ),
+            MemberProblem::WrongMember {
+                endpoint,
+                expected,
+                answered,
+            } => write!(
+                f,
+                "member {endpoint} answered as {answered:x}, but the member list has {expected:x} there"
+            ),
             MemberProblem::NoAnswer { endpoint, reason } => {
                 write!(f, "member {endpoint} did not answer: {reason}")
             }
@@ -368,6 +494,78 @@ pub fn judge_cluster(answers: &[MemberAnswer]) -> Result<u64, Vec<MemberProblem>
         (true, Some((_, l))) => Ok(*l),
         (true, None) => Err(vec![MemberProblem::NoMembers]),
         (false, _) => Err(problems),
+    }
+}
+
+/// One voting member to probe: its ID, how errors name it, and the client URL to ask
+/// (`None`: it has not started and publishes none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeTarget {
+    /// The member's ID.
+    pub member_id: u64,
+    /// [`MemberInfo::label`].
+    pub label: String,
+    /// Its first client URL.
+    pub endpoint: Option<String>,
+}
+
+/// Whom a health check asks: every voting member of the list, once each (by ID), at its
+/// first client URL. Learners do not vote and are not asked. The endpoints a caller gave
+/// only serve to read the list: two of three members listed, or one listed twice, cannot
+/// hide a dead third.
+pub fn probe_targets(members: &[MemberInfo]) -> Vec<ProbeTarget> {
+    let mut out: Vec<ProbeTarget> = Vec::new();
+    for m in members.iter().filter(|m| !m.is_learner) {
+        if out.iter().any(|t| t.member_id == m.id) {
+            continue;
+        }
+        out.push(ProbeTarget {
+            member_id: m.id,
+            label: m.label(),
+            endpoint: m.client_urls.first().cloned(),
+        });
+    }
+    out
+}
+
+/// The health rule over the member list: `answers[i]` is what `targets[i]` answered
+/// (`None`: not asked, because it has no client URL). Every voting member must have
+/// started, answer as itself, and pass [`judge_cluster`] with the others.
+pub fn judge_members(
+    targets: &[ProbeTarget],
+    answers: &[Option<MemberAnswer>],
+) -> Result<u64, Vec<MemberProblem>> {
+    if targets.is_empty() {
+        return Err(vec![MemberProblem::NoMembers]);
+    }
+    let mut problems = Vec::new();
+    let mut asked = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        match answers.get(i).and_then(Option::as_ref) {
+            None => problems.push(MemberProblem::NotStarted {
+                member: t.label.clone(),
+            }),
+            Some(a) => {
+                if let Some(id) = a.member_id
+                    && id != t.member_id
+                {
+                    problems.push(MemberProblem::WrongMember {
+                        endpoint: a.endpoint.clone(),
+                        expected: t.member_id,
+                        answered: id,
+                    });
+                }
+                asked.push(a.clone());
+            }
+        }
+    }
+    match judge_cluster(&asked) {
+        Ok(leader) if problems.is_empty() => Ok(leader),
+        Ok(_) => Err(problems),
+        Err(more) => {
+            problems.extend(more.into_iter().filter(|p| *p != MemberProblem::NoMembers));
+            Err(problems)
+        }
     }
 }
 
@@ -476,34 +674,163 @@ mod tests {
     }
 
     #[test]
-    fn only_the_unhealthy_cluster_refusal_is_retried() {
-        assert_eq!(
-            classify_status(code::UNAVAILABLE, "etcdserver: unhealthy cluster"),
-            ErrorClass::UnhealthyCluster
-        );
-        assert_eq!(
-            classify_status(
-                9,
-                "etcdserver: re-configuration failed due to not enough started members"
+    fn errors_are_classified_by_code_and_etcd_message() {
+        let cases = [
+            (
+                code::UNAVAILABLE,
+                "etcdserver: unhealthy cluster",
+                ErrorClass::UnhealthyCluster,
             ),
-            ErrorClass::Answered
-        );
+            (
+                9,
+                "etcdserver: re-configuration failed due to not enough started members",
+                ErrorClass::Answered,
+            ),
+            (
+                9,
+                "etcdserver: Peer URLs already exists",
+                ErrorClass::PeerUrlExists,
+            ),
+            (
+                code::UNAVAILABLE,
+                "etcdserver: leader changed",
+                ErrorClass::NoAnswer,
+            ),
+            (
+                code::UNAVAILABLE,
+                "etcdserver: request timed out",
+                ErrorClass::NoAnswer,
+            ),
+            (
+                code::UNAVAILABLE,
+                "etcdserver: request timed out, possibly due to previous leader failure",
+                ErrorClass::NoAnswer,
+            ),
+            (
+                code::UNAVAILABLE,
+                "tcp connect error: Connection refused (os error 111)",
+                ErrorClass::Unreachable,
+            ),
+            (
+                code::DEADLINE_EXCEEDED,
+                "Timeout expired",
+                ErrorClass::NoAnswer,
+            ),
+            (code::CANCELLED, "Timeout expired", ErrorClass::NoAnswer),
+            (
+                code::UNKNOWN,
+                "transport error: connection reset",
+                ErrorClass::NoAnswer,
+            ),
+            (
+                code::UNIMPLEMENTED,
+                "unknown method Downgrade for service etcdserverpb.Maintenance",
+                ErrorClass::Unimplemented,
+            ),
+            (
+                code::UNKNOWN,
+                "unknown service etcdserverpb.Maintenance",
+                ErrorClass::Unimplemented,
+            ),
+            (
+                code::UNAVAILABLE,
+                "etcdserver: no leader",
+                ErrorClass::Answered,
+            ),
+        ];
+        for (c, message, want) in cases {
+            assert_eq!(classify_status(c, message), want, "{c} {message}");
+        }
+    }
+
+    #[test]
+    fn the_add_retry_follows_the_class_alone() {
+        use AddStep::*;
+        assert_eq!(add_step(ErrorClass::Unreachable, false), NextEndpoint);
+        assert_eq!(add_step(ErrorClass::NoAnswer, false), ReadMembers);
+        assert_eq!(add_step(ErrorClass::UnhealthyCluster, false), Backoff);
+        assert_eq!(add_step(ErrorClass::UnhealthyCluster, true), Backoff);
+        assert_eq!(add_step(ErrorClass::PeerUrlExists, false), Fail);
+        assert_eq!(add_step(ErrorClass::PeerUrlExists, true), ReadMembers);
+        assert_eq!(add_step(ErrorClass::Answered, true), Fail);
+        assert_eq!(add_step(ErrorClass::Unimplemented, false), Fail);
+        // The classifier and the retry together: etcd's refusal text leads to a pause.
         assert_eq!(
-            classify_status(9, "etcdserver: Peer URLs already exists"),
-            ErrorClass::Answered
+            add_step(classify_status(code::UNAVAILABLE, UNHEALTHY_CLUSTER), false),
+            Backoff
         );
+    }
+
+    #[test]
+    fn only_an_unstarted_member_is_adopted() {
+        let ms = [
+            member(1, "a", &["http://10.0.0.1:2380"], &["http://10.0.0.1:2379"]),
+            member(2, "", &["http://10.0.0.2:2380"], &[]),
+        ];
         assert_eq!(
-            classify_status(code::UNAVAILABLE, "etcdserver: leader changed"),
-            ErrorClass::Answered
+            added_member(&ms, "http://10.0.0.2:2380").map(|m| m.id),
+            Some(2)
         );
+        assert_eq!(added_member(&ms, "http://10.0.0.1:2380"), None);
+        assert_eq!(added_member(&ms, "http://10.0.0.3:2380"), None);
+    }
+
+    #[test]
+    fn health_probes_every_voting_member_once() {
+        let mut learner = member(4, "d", &["p4"], &["http://d:2379"]);
+        learner.is_learner = true;
+        let ms = [
+            member(1, "a", &["p1"], &["http://a:2379", "http://a2:2379"]),
+            member(2, "b", &["p2"], &["http://b:2379"]),
+            member(1, "a", &["p1"], &["http://a:2379"]),
+            member(3, "", &["p3"], &[]),
+            learner,
+        ];
+        let targets = probe_targets(&ms);
         assert_eq!(
-            classify_status(code::UNAVAILABLE, "tcp connect error: Connection refused"),
-            ErrorClass::Unreachable
+            targets
+                .iter()
+                .map(|t| (t.member_id, t.endpoint.as_deref()))
+                .collect::<Vec<_>>(),
+            vec![
+                (1, Some("http://a:2379")),
+                (2, Some("http://b:2379")),
+                (3, None)
+            ]
         );
-        assert_eq!(
-            classify_status(code::DEADLINE_EXCEEDED, "Timeout expired"),
-            ErrorClass::Unreachable
+        let answers = [
+            Some(ok("http://a:2379", 1, 1)),
+            Some(ok("http://b:2379", 2, 1)),
+            None,
+        ];
+        let problems = judge_members(&targets, &answers).unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            matches!(&problems[0], MemberProblem::NotStarted { member } if member.contains("not started")),
+            "{problems:?}"
         );
+        assert_eq!(judge_members(&targets[..2], &answers[..2]), Ok(1));
+        // An answer from another member than the one listed there.
+        let wrong = [
+            Some(ok("http://a:2379", 1, 1)),
+            Some(ok("http://b:2379", 1, 1)),
+        ];
+        let problems = judge_members(&targets[..2], &wrong).unwrap_err();
+        assert!(
+            problems.iter().any(|p| matches!(
+                p,
+                MemberProblem::WrongMember {
+                    expected: 2,
+                    answered: 1,
+                    ..
+                }
+            )),
+            "{problems:?}"
+        );
+        // Missing answers for members that have client URLs: nothing hides them.
+        let problems = judge_members(&targets[..2], &answers[..1]).unwrap_err();
+        assert!(!problems.is_empty());
+        assert_eq!(judge_members(&[], &[]), Err(vec![MemberProblem::NoMembers]));
     }
 
     #[test]

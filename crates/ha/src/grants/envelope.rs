@@ -55,9 +55,18 @@ const PROOF_PLAINTEXT: &[u8] = b"stratum at-rest key proof v1";
 const PROOF_KDF_DOMAIN: &[u8] = b"stratum key-proof v1\0";
 
 /// The 32-byte AES-256 key a grant is sealed under, printed once by `token create
-/// --control-plane` as 64 hex digits. It decrypts the cluster's CA keys: never log it.
-#[derive(Clone, PartialEq, Eq)]
+/// --control-plane` as 64 hex digits. It decrypts the cluster's CA keys: never log it. Its
+/// `Debug` is redacted, its bytes are wiped when it is dropped, and it has no `PartialEq`
+/// (a comparison is a timing oracle; compare [`CertKey::same_key`] in constant time).
+#[derive(Clone)]
 pub struct CertKey([u8; 32]);
+
+impl Drop for CertKey {
+    fn drop(&mut self) {
+        use zeroize::Zeroize as _;
+        self.0.zeroize();
+    }
+}
 
 impl CertKey {
     /// A fresh key from the operating system's CSPRNG (through rand's thread RNG, which is
@@ -77,6 +86,15 @@ impl CertKey {
         let mut key = [0u8; 32];
         hex::decode_to_slice(text, &mut key).map_err(|_| CertKeyError::NotHex)?;
         Ok(CertKey(key))
+    }
+
+    /// Whether `other` is the same key, compared in constant time.
+    pub fn same_key(&self, other: &CertKey) -> bool {
+        self.0
+            .iter()
+            .zip(other.0.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
     }
 
     /// The key as 64 lowercase hex digits.
@@ -132,7 +150,8 @@ pub enum CertKeyError {
 }
 
 /// What one grant entry carries: the shared files and the facts a joiner needs beside them.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Its `Debug` lists the files' names and sizes, never their bytes (CA keys among them).
+#[derive(Clone, PartialEq, Eq, Default)]
 pub struct Bundle {
     /// The shared control-plane files, by path relative to the pki dir.
     pub files: BTreeMap<String, Vec<u8>>,
@@ -144,6 +163,23 @@ pub struct Bundle {
     pub vip: Option<String>,
     /// The etcd client endpoints the cluster published.
     pub etcd_endpoints: Vec<String>,
+}
+
+impl fmt::Debug for Bundle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let files: BTreeMap<&str, String> = self
+            .files
+            .iter()
+            .map(|(p, b)| (p.as_str(), format!("<{} bytes redacted>", b.len())))
+            .collect();
+        f.debug_struct("Bundle")
+            .field("files", &files)
+            .field("generation", &self.generation)
+            .field("carries_encryption_key", &self.carries_encryption_key)
+            .field("vip", &self.vip)
+            .field("etcd_endpoints", &self.etcd_endpoints)
+            .finish()
+    }
 }
 
 /// Where a sealed entry lives: all three are authenticated as associated data.
@@ -311,21 +347,40 @@ pub fn open_bundle(
     decode_bundle(&plaintext)
 }
 
-/// Seals the key proof: a fixed text under the key derived from the encryption config.
-pub fn seal_key_proof(encryption_config: &[u8], binding: EntryBinding<'_>) -> Vec<u8> {
+/// What the key proof of publication `generation` encrypts: the fixed text, then the
+/// generation (u64 BE), so a proof speaks for one publication only.
+fn proof_plaintext(generation: u64) -> Vec<u8> {
+    let mut text = PROOF_PLAINTEXT.to_vec();
+    text.extend_from_slice(&generation.to_be_bytes());
+    text
+}
+
+/// Seals the key proof of publication `generation`: a fixed text and the generation under
+/// the key derived from the encryption config.
+pub fn seal_key_proof(
+    encryption_config: &[u8],
+    binding: EntryBinding<'_>,
+    generation: u64,
+) -> Vec<u8> {
     seal_bytes(
         &CertKey::for_key_proof(encryption_config),
         binding,
-        PROOF_PLAINTEXT,
+        &proof_plaintext(generation),
     )
 }
 
-/// Whether a key proof opens under the key derived from `encryption_config`. Any failure to
-/// open is "no": a proof under another config, a damaged one and an unknown version all mean
-/// the published bundle does not carry this node's key.
-pub fn key_proof_opens(encryption_config: &[u8], binding: EntryBinding<'_>, sealed: &[u8]) -> bool {
+/// Whether a key proof opens under the key derived from `encryption_config` and names
+/// publication `generation`. Any failure is "no": a proof under another config, a damaged
+/// one, an unknown version, and one carried over from another publication all mean the
+/// published bundle does not (as far as anyone can prove) carry this node's key.
+pub fn key_proof_opens(
+    encryption_config: &[u8],
+    binding: EntryBinding<'_>,
+    sealed: &[u8],
+    generation: u64,
+) -> bool {
     open_bytes(&CertKey::for_key_proof(encryption_config), binding, sealed)
-        .is_ok_and(|text| text == PROOF_PLAINTEXT)
+        .is_ok_and(|text| text == proof_plaintext(generation))
 }
 
 /// Serializes a bundle to the version 1 plaintext.
@@ -756,30 +811,53 @@ mod tests {
             entry: "key-proof",
             token_id: "",
         };
-        let proof = seal_key_proof(b"config A", binding);
-        assert!(key_proof_opens(b"config A", binding, &proof));
-        assert!(!key_proof_opens(b"config B", binding, &proof));
-        assert!(!key_proof_opens(b"config A", BINDING, &proof));
-        assert!(!key_proof_opens(b"config A", binding, b"junk"));
+        let proof = seal_key_proof(b"config A", binding, 3);
+        assert!(key_proof_opens(b"config A", binding, &proof, 3));
+        assert!(!key_proof_opens(b"config B", binding, &proof, 3));
+        assert!(!key_proof_opens(b"config A", BINDING, &proof, 3));
+        assert!(!key_proof_opens(b"config A", binding, b"junk", 3));
+        // Bound to its publication: another generation's Secret cannot reuse it.
+        assert!(!key_proof_opens(b"config A", binding, &proof, 4));
+        assert!(!key_proof_opens(b"config A", binding, &proof, 2));
     }
 
     #[test]
     fn cert_key_parses_and_redacts() {
         let key = CertKey::generate();
-        assert_eq!(CertKey::from_hex(&key.to_hex()).unwrap(), key);
-        assert_eq!(
-            CertKey::from_hex(&format!(" {} \n", key.to_hex())).unwrap(),
-            key
+        assert!(CertKey::from_hex(&key.to_hex()).unwrap().same_key(&key));
+        assert!(
+            CertKey::from_hex(&format!(" {} \n", key.to_hex()))
+                .unwrap()
+                .same_key(&key)
         );
         assert_eq!(
-            CertKey::from_hex("abc"),
-            Err(CertKeyError::Length { len: 3 })
+            CertKey::from_hex("abc").err(),
+            Some(CertKeyError::Length { len: 3 })
         );
         assert_eq!(
-            CertKey::from_hex(&"g".repeat(64)),
-            Err(CertKeyError::NotHex)
+            CertKey::from_hex(&"g".repeat(64)).err(),
+            Some(CertKeyError::NotHex)
         );
         assert_eq!(format!("{key:?}"), "CertKey(<redacted>)");
-        assert_ne!(CertKey::generate(), CertKey::generate());
+        assert!(!CertKey::generate().same_key(&CertKey::generate()));
+    }
+
+    #[test]
+    fn bundle_debug_names_files_but_prints_no_key() {
+        let mut b = bundle();
+        b.files.insert(
+            "sa.key".into(),
+            b"-----BEGIN PRIVATE KEY-----SECRETBYTES".to_vec(),
+        );
+        let text = format!("{b:?}");
+        assert!(
+            text.contains("sa.key") && text.contains("bytes redacted"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("SECRETBYTES") && !text.contains("BEGIN"),
+            "{text}"
+        );
+        assert!(text.contains("10.0.0.10"), "{text}");
     }
 }

@@ -22,10 +22,10 @@ pub const LEGACY_ENTRY: &str = "certs";
 pub const GRANT_ENTRY_PREFIX: &str = "certs-";
 /// The entry proving which at-rest encryption config the newest bundle carries.
 pub const PROOF_ENTRY: &str = "key-proof";
-/// When the certificate-key of the legacy entry was last set (RFC 3339).
-pub use keys::KEY_SET_AT_ANNOTATION;
 /// The generation of the newest publication.
 pub use keys::GENERATION_ANNOTATION;
+/// When the certificate-key of the legacy entry was last set (RFC 3339).
+pub use keys::KEY_SET_AT_ANNOTATION;
 /// kube-apiserver refuses a Secret whose data values add up to more than this.
 pub const SECRET_SIZE_LIMIT: usize = 1024 * 1024;
 /// What the grant Secret's data may add up to: the API limit less 128 KiB, so the legacy
@@ -67,6 +67,28 @@ pub fn observed_generation(secret: Option<&Secret>) -> u64 {
         .and_then(|a| a.get(GENERATION_ANNOTATION))
         .and_then(|g| g.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// The generation the next publication seals: one more than the Secret's. A Secret whose
+/// annotation is already at `u64::MAX` (only an edit by hand gets it there) is refused
+/// rather than wrapped to 0 or panicking.
+pub fn next_generation(secret: Option<&Secret>) -> Result<u64, GenerationExhausted> {
+    let observed = observed_generation(secret);
+    observed
+        .checked_add(1)
+        .ok_or(GenerationExhausted { observed })
+}
+
+/// The Secret's generation annotation cannot be incremented.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the grant Secret {SECRET_REF} records generation {observed} in its {GENERATION_ANNOTATION} \
+     annotation, which cannot be incremented; it was edited by hand: set the annotation to 0 \
+     (or delete the Secret and publish again). Nothing was written"
+)]
+pub struct GenerationExhausted {
+    /// The generation found.
+    pub observed: u64,
 }
 
 /// The grant entries to drop: those whose token is expired or gone. A grant whose token
@@ -502,6 +524,23 @@ mod tests {
         );
         assert_eq!(pruned.metadata.resource_version.as_deref(), Some("41"));
         assert_eq!(pruned.metadata.annotations, observed.metadata.annotations);
+    }
+
+    #[test]
+    fn a_generation_at_u64_max_is_refused_not_wrapped() {
+        let mut at_max = secret_with(&[], &[]);
+        at_max
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(GENERATION_ANNOTATION.into(), u64::MAX.to_string());
+        assert_eq!(
+            next_generation(Some(&at_max)),
+            Err(GenerationExhausted { observed: u64::MAX })
+        );
+        assert_eq!(next_generation(Some(&secret_with(&[], &[]))), Ok(4));
+        assert_eq!(next_generation(None), Ok(1));
     }
 
     #[test]

@@ -133,8 +133,15 @@ async fn membership_grows_refuses_fails_closed_and_shrinks() -> anyhow::Result<(
     // Kill a follower (not member 0, the survivor used below): health fails closed,
     // naming exactly that member. A follower, so the others keep their leader and the
     // only problem is the dead member.
+    // Answers come in member-list order: match them to cluster members by endpoint.
+    let is_follower = |i: usize| {
+        health
+            .members
+            .iter()
+            .any(|m| m.endpoint == cluster.endpoint(i) && m.member_id != Some(health.leader))
+    };
     let victim = (1..5)
-        .find(|&i| health.members[i].member_id != Some(health.leader))
+        .find(|&i| is_follower(i))
         .expect("four of five members are followers");
     let dead = cluster.endpoint(victim);
     let dead_peer = cluster.peer_url(victim);
@@ -354,4 +361,220 @@ fn a_missing_etcd_binary_fails_naming_the_package() {
     );
     let err = find_etcd(Some(empty.path().join("etcd").into_os_string()), None).unwrap_err();
     assert!(err.to_string().contains("etcd-server"), "{err}");
+}
+
+/// `etcd health` over the member list, not the endpoints given: with the third of three
+/// members dead, listing the two live ones (or one of them twice) is unhealthy and names
+/// the dead one; a live member listed twice is counted once; an added voter that never
+/// started is unhealthy too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_requires_every_listed_voting_member() -> anyhow::Result<()> {
+    let mut cluster = EtcdCluster::start_plain(3).await?;
+    let opts = cluster.options();
+    let (ep0, ep1) = (cluster.endpoint(0), cluster.endpoint(1));
+
+    let twice = vec![ep0.clone(), ep0.clone()];
+    let health = etcd::etcd_cluster_healthy(&opts, &twice).await?;
+    assert_eq!(
+        health.members.len(),
+        3,
+        "every member answers once, whatever was listed: {health:?}"
+    );
+
+    // A voter added but never started counts towards quorum and answers nothing.
+    let slot = cluster.plan_member()?;
+    let added = etcd::member_add_with(
+        &opts,
+        std::slice::from_ref(&ep0),
+        &AddMember {
+            retry: test_retry(),
+            ..AddMember::new(&slot.name, slot.peer_url())
+        },
+        None,
+    )
+    .await?;
+    let err = etcd::etcd_cluster_healthy(&opts, &cluster.endpoints())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, EtcdError::Unhealthy { problems, .. } if problems.iter().any(|p| matches!(p, MemberProblem::NotStarted { member } if member.contains(&format!("{:x}", added.id))))),
+        "{err}"
+    );
+    etcd::member_remove(&opts, std::slice::from_ref(&ep0), &slot.peer_url()).await?;
+    etcd::etcd_cluster_healthy(&opts, &cluster.endpoints()).await?;
+
+    // Kill a follower that is not listed below; the two listed stay healthy themselves.
+    let health = etcd::etcd_cluster_healthy(&opts, &cluster.endpoints()).await?;
+    // Answers come in member-list order: match them to cluster members by endpoint.
+    let leads = |i: usize| {
+        health
+            .members
+            .iter()
+            .any(|m| m.endpoint == cluster.endpoint(i) && m.member_id == Some(health.leader))
+    };
+    let victim = (0..3).rev().find(|&i| !leads(i)).unwrap();
+    let dead = cluster.endpoint(victim);
+    let listed: Vec<String> = (0..3)
+        .filter(|&i| i != victim)
+        .map(|i| cluster.endpoint(i))
+        .collect();
+    cluster.kill(victim);
+    for given in [listed.clone(), vec![listed[0].clone(), listed[0].clone()]] {
+        let err = etcd::etcd_cluster_healthy(&opts, &given)
+            .await
+            .expect_err("a dead voting member must make the cluster unhealthy");
+        let EtcdError::Unhealthy { problems, .. } = &err else {
+            panic!("expected Unhealthy, got {err}")
+        };
+        assert!(
+            problems.iter().any(
+                |p| matches!(p, MemberProblem::NoAnswer { endpoint, .. } if *endpoint == dead)
+            ),
+            "the dead member is named: {err}"
+        );
+    }
+    let _ = ep1;
+    Ok(())
+}
+
+/// A loopback TCP proxy to `target` that relays both ways until the client has sent
+/// `trigger` (e.g. the peer URL inside a MemberAdd request body), and from then on throws
+/// away every byte the server answers on that connection: the request arrives and is
+/// applied, its answer never does.
+struct AnswerEatingProxy {
+    url: String,
+    eaten: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl AnswerEatingProxy {
+    async fn start(target: &str, trigger: &[u8]) -> anyhow::Result<Self> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let target_addr = target
+            .split_once("://")
+            .map(|(_, a)| a)
+            .unwrap_or(target)
+            .to_string();
+        let trigger = trigger.to_vec();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let eaten = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = eaten.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&target_addr).await else {
+                    continue;
+                };
+                let (counter, trigger) = (counter.clone(), trigger.clone());
+                tokio::spawn(async move {
+                    let triggered = std::sync::Arc::new(AtomicBool::new(false));
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up_flag = triggered.clone();
+                    let up = async move {
+                        let mut seen: Vec<u8> = Vec::new();
+                        let mut buf = [0u8; 16 * 1024];
+                        while let Ok(n) = cr.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                            seen.extend_from_slice(&buf[..n]);
+                            if seen.windows(trigger.len()).any(|w| w == trigger.as_slice()) {
+                                up_flag.store(true, Ordering::SeqCst);
+                            }
+                            let keep = seen.len().saturating_sub(trigger.len());
+                            seen.drain(..keep);
+                            if sw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    let down = async move {
+                        let mut buf = [0u8; 16 * 1024];
+                        while let Ok(n) = sr.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                            if triggered.load(Ordering::SeqCst) {
+                                counter.fetch_add(n, Ordering::Relaxed);
+                            } else if cw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        Ok(AnswerEatingProxy { url, eaten, task })
+    }
+}
+
+impl Drop for AnswerEatingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// An add whose answer is lost (it reached etcd and was applied) is read back from the
+/// member list, not re-sent to the next endpoint: a second add would fail, and the first
+/// would stay behind as an unstarted voter that can cost quorum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_member_add_is_read_back_not_sent_twice() -> anyhow::Result<()> {
+    let mut cluster = EtcdCluster::start_plain(3).await?;
+    let opts = cluster.options();
+    // Past etcd's "unhealthy cluster" window after a start (a learner added directly,
+    // retried until accepted, then removed), so the add below commits at its first send
+    // and only its answer is lost.
+    let warmup = cluster.plan_member()?;
+    let direct = vec![cluster.endpoint(1)];
+    etcd::member_add_with(
+        &opts,
+        &direct,
+        &AddMember {
+            learner: true,
+            retry: test_retry(),
+            ..AddMember::new(&warmup.name, warmup.peer_url())
+        },
+        None,
+    )
+    .await?;
+    etcd::member_remove(&opts, &direct, &warmup.peer_url()).await?;
+    let slot = cluster.plan_member()?;
+    let proxy = AnswerEatingProxy::start(&cluster.endpoint(0), slot.peer_url().as_bytes()).await?;
+    let endpoints = vec![proxy.url.clone(), cluster.endpoint(1), cluster.endpoint(2)];
+    let added = etcd::member_add_with(
+        &opts,
+        &endpoints,
+        &AddMember {
+            retry: test_retry(),
+            ..AddMember::new(&slot.name, slot.peer_url())
+        },
+        None,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("the add must succeed once, read back: {e}"))?;
+    assert!(
+        proxy.eaten.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the proxy relayed the add and ate etcd's answer"
+    );
+    let (_, members) = etcd::member_list_via(&opts, &cluster.endpoints()).await?;
+    let with_url: Vec<_> = members
+        .iter()
+        .filter(|m| m.peer_urls.contains(&slot.peer_url()))
+        .collect();
+    assert_eq!(with_url.len(), 1, "{members:?}");
+    assert_eq!(with_url[0].id, added.id);
+    assert!(
+        added
+            .initial_cluster
+            .contains(&format!("{}={}", slot.name, slot.peer_url())),
+        "{}",
+        added.initial_cluster
+    );
+    // The adopted member is a real one: it starts with what the add returned.
+    cluster.start_added(&slot, &added.initial_cluster).await?;
+    etcd::etcd_cluster_healthy(&opts, &cluster.endpoints()).await?;
+    Ok(())
 }

@@ -439,6 +439,23 @@ async fn damaged_swapped_or_misaddressed_entries_write_nothing() -> anyhow::Resu
         },
     )?;
 
+    // Sealed with a's key under a's own entry name, but for b's token id: only the token-id
+    // half of the binding tells it apart (a seal that left the token id out of the
+    // associated data would open).
+    let other_token = grants::envelope::seal_bundle(
+        &key_a,
+        EntryBinding {
+            secret: grants::SECRET_REF,
+            entry: &entry_a,
+            token_id: b.token.id(),
+        },
+        &grants::Bundle {
+            files: files.clone(),
+            generation: 99,
+            ..grants::Bundle::default()
+        },
+    )?;
+
     type Case<'a> = (&'a str, Vec<u8>, &'a CertKey, fn(&EnvelopeError) -> bool);
     let cases: Vec<Case<'_>> = vec![
         ("wrong key", sealed_a.clone(), &key_b, |e| {
@@ -452,6 +469,9 @@ async fn damaged_swapped_or_misaddressed_entries_write_nothing() -> anyhow::Resu
             *e == EnvelopeError::Authentication
         }),
         ("moved from another Secret", other_secret, &key_a, |e| {
+            *e == EnvelopeError::Authentication
+        }),
+        ("sealed for another token id", other_token, &key_a, |e| {
             *e == EnvelopeError::Authentication
         }),
         ("truncated", sealed_a[..20].to_vec(), &key_a, |e| {
@@ -868,6 +888,150 @@ async fn reader_grant_is_one_secret_for_the_control_plane_group() -> anyhow::Res
         .map(|s| s.name)
         .collect();
     assert_eq!(names, [tokens::CONTROL_PLANE_GROUP]);
+    server.shutdown().await;
+    Ok(())
+}
+
+/// admin.conf's group gets its rights from one ClusterRoleBinding to cluster-admin, which
+/// bootstrap creates once; a second run writes nothing, and a binding missing the group
+/// gets it added without losing its other subjects.
+#[tokio::test]
+async fn cluster_admins_binding_is_created_once_and_repaired() -> anyhow::Result<()> {
+    use ha::admins::{self, BindingChange};
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let server = ApiServer::start().await?;
+    let client = server.client();
+    let api: Api<ClusterRoleBinding> = Api::all(client.clone());
+    assert_eq!(
+        admins::ensure_cluster_admins_binding(&client).await?,
+        BindingChange::Created
+    );
+    let created = api.get(admins::CLUSTER_ADMINS_BINDING).await?;
+    assert_eq!(created.role_ref.kind, "ClusterRole");
+    assert_eq!(created.role_ref.name, "cluster-admin");
+    let subjects = created.subjects.clone().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        (subjects[0].kind.as_str(), subjects[0].name.as_str()),
+        ("Group", pki::CLUSTER_ADMINS_GROUP)
+    );
+    assert_eq!(
+        admins::ensure_cluster_admins_binding(&client).await?,
+        BindingChange::Unchanged
+    );
+    let again = api.get(admins::CLUSTER_ADMINS_BINDING).await?;
+    assert_eq!(
+        again.metadata.resource_version, created.metadata.resource_version,
+        "a steady state writes nothing"
+    );
+    let mut edited = again;
+    edited.subjects = Some(vec![Subject {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: "User".into(),
+        name: "alice".into(),
+        namespace: None,
+    }]);
+    api.replace(
+        admins::CLUSTER_ADMINS_BINDING,
+        &PostParams::default(),
+        &edited,
+    )
+    .await?;
+    assert_eq!(
+        admins::ensure_cluster_admins_binding(&client).await?,
+        BindingChange::SubjectAdded
+    );
+    let repaired = api.get(admins::CLUSTER_ADMINS_BINDING).await?;
+    let names: Vec<String> = repaired
+        .subjects
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(
+        names,
+        vec!["alice".to_string(), pki::CLUSTER_ADMINS_GROUP.to_string()]
+    );
+    server.shutdown().await;
+    Ok(())
+}
+
+/// The key proof speaks for the publication it was sealed with: a Secret whose generation
+/// moved on (rewritten by hand, or by a writer that left the old proof in) no longer
+/// proves it carries this node's at-rest key.
+#[tokio::test]
+async fn a_key_proof_vouches_for_its_own_generation_only() -> anyhow::Result<()> {
+    let server = ApiServer::start().await?;
+    let client = server.client();
+    let (pki_dir, _) = shared_pki()?;
+    let config = b"kind: EncryptionConfiguration\n# secret: c2VjcmV0c2VjcmV0\n".to_vec();
+    std::fs::write(pki_dir.path().join(grants::ENCRYPTION_CONFIG_FILE), &config)?;
+    let files = grants::read_bundle_files(pki_dir.path())?;
+    let a = mint(&client, Duration::from_secs(3600)).await?;
+    upload(&client, &CertKey::generate(), &a, &files).await?;
+    assert!(
+        grants::published_bundle_carries_key(&client, Some(&config))
+            .await?
+            .carries
+    );
+    let api: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let mut secret = api.get(grants::SECRET_NAME).await?;
+    secret
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(grants::plan::GENERATION_ANNOTATION.into(), "2".into());
+    api.replace(grants::SECRET_NAME, &PostParams::default(), &secret)
+        .await?;
+    let state = grants::published_bundle_carries_key(&client, Some(&config)).await?;
+    assert!(
+        state.published && !state.carries,
+        "a generation-1 proof must not vouch for generation 2"
+    );
+    server.shutdown().await;
+    Ok(())
+}
+
+/// A rekey to the certificate-key already set is refused before anything is written:
+/// it would retire nothing the old key opens.
+#[tokio::test]
+async fn a_rekey_to_the_key_already_set_is_refused() -> anyhow::Result<()> {
+    let server = ApiServer::start().await?;
+    let client = server.client();
+    let (pki_dir, files) = shared_pki()?;
+    let a = mint(&client, Duration::from_secs(3600)).await?;
+    let current = CertKey::generate();
+    upload(&client, &current, &a, &files).await?;
+    let before = grant_secret(&client).await?.context("published")?;
+    let err = grants::rekey_shared_certs(
+        &client,
+        pki_dir.path(),
+        &current,
+        &UploadProfile::default(),
+        grants::no_confirm,
+    )
+    .await
+    .expect_err("a rekey to the same key must be refused");
+    assert!(err.to_string().contains("same key"), "{err}");
+    assert_eq!(grant_secret(&client).await?.context("kept")?, before);
+    // A fresh key goes through; the earlier one, no longer current, may be chosen again.
+    let fresh = CertKey::generate();
+    grants::rekey_shared_certs(
+        &client,
+        pki_dir.path(),
+        &fresh,
+        &UploadProfile::default(),
+        grants::no_confirm,
+    )
+    .await?;
+    grants::rekey_shared_certs(
+        &client,
+        pki_dir.path(),
+        &current,
+        &UploadProfile::default(),
+        grants::no_confirm,
+    )
+    .await?;
     server.shutdown().await;
     Ok(())
 }

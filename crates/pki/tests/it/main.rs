@@ -276,8 +276,8 @@ fn kubeconfigs_embed_verifiable_credentials_that_kubectl_reads() {
     let out = tempfile::tempdir().unwrap();
     let written =
         pki::write_kubeconfigs(dir.path(), out.path(), "https://10.1.0.100:6443", false).unwrap();
-    assert_eq!(written.len(), 3);
-    for (file, user, _) in pki::KUBECONFIG_FILES {
+    assert_eq!(written.len(), 4);
+    for (file, user, groups) in pki::KUBECONFIG_FILES {
         let path = out.path().join(file);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{file} embeds a key");
@@ -303,6 +303,12 @@ fn kubeconfigs_embed_verifiable_credentials_that_kubectl_reads() {
         let (_, cert) = parse_x509_certificate(&block.contents).unwrap();
         let cn = cert.subject().iter_common_name().next().unwrap();
         assert_eq!(cn.as_str().unwrap(), *user);
+        let orgs: Vec<&str> = cert
+            .subject()
+            .iter_organization()
+            .map(|o| o.as_str().unwrap())
+            .collect();
+        assert_eq!(orgs, *groups, "{file}");
         let ca_der = der(&dir.path().join("ca.crt"));
         let (_, ca) = parse_x509_certificate(&ca_der).unwrap();
         cert.verify_signature(Some(ca.public_key())).unwrap();
@@ -310,4 +316,100 @@ fn kubeconfigs_embed_verifiable_credentials_that_kubectl_reads() {
     let err = pki::write_kubeconfigs(dir.path(), out.path(), "https://10.1.0.100:6443", false)
         .unwrap_err();
     assert!(err.to_string().contains("admin.conf"), "{err}");
+}
+
+/// admin.conf is not in system:masters (a group RBAC can revoke), and the break-glass
+/// super-admin.conf is.
+#[test]
+fn admin_conf_is_a_revocable_cluster_admin_and_super_admin_is_break_glass() {
+    let dir = generated();
+    let out = tempfile::tempdir().unwrap();
+    pki::write_kubeconfigs(dir.path(), out.path(), "https://10.1.0.100:6443", false).unwrap();
+    let orgs_of = |file: &str| -> Vec<String> {
+        let text = std::fs::read_to_string(out.path().join(file)).unwrap();
+        let b64 = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("client-certificate-data: "))
+            .unwrap();
+        use base64::Engine;
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .unwrap();
+        let (_, block) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+        let (_, cert) = parse_x509_certificate(&block.contents).unwrap();
+        cert.subject()
+            .iter_organization()
+            .map(|o| o.as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(orgs_of("admin.conf"), vec![pki::CLUSTER_ADMINS_GROUP]);
+    assert_eq!(orgs_of(pki::SUPER_ADMIN_KUBECONFIG), vec!["system:masters"]);
+}
+
+/// Serials are random (not a hash of the public key, which repeats for a re-issued key)
+/// and at least 128 bits; ECDSA certificates carry no keyEncipherment; CAs are pathlen:0.
+#[test]
+fn serials_are_random_usages_fit_ecdsa_and_cas_are_pathlen_0() {
+    use sha2::Digest;
+    let dir = generated();
+    let d = dir.path();
+    let mut serials = std::collections::BTreeSet::new();
+    for file in [
+        "ca.crt",
+        "front-proxy-ca.crt",
+        "etcd/ca.crt",
+        "apiserver.crt",
+        "apiserver-kubelet-client.crt",
+        "front-proxy-client.crt",
+        "etcd/server.crt",
+        "etcd/peer.crt",
+    ] {
+        let der = der(&d.join(file));
+        let (_, cert) = parse_x509_certificate(&der).unwrap();
+        let serial = cert.raw_serial();
+        let significant = serial.iter().skip_while(|b| **b == 0).count();
+        assert!(significant >= 16, "{file}: serial of {significant} bytes");
+        // rcgen's default serial: SHA-256 of the public key, 20 bytes, top bit cleared.
+        let trimmed: Vec<u8> = serial.iter().copied().skip_while(|b| *b == 0).collect();
+        for key_bytes in [
+            cert.public_key().raw,
+            &cert.public_key().subject_public_key.data[..],
+        ] {
+            let mut derived = sha2::Sha256::digest(key_bytes)[..20].to_vec();
+            derived[0] &= 0x7f;
+            let derived: Vec<u8> = derived.into_iter().skip_while(|b| *b == 0).collect();
+            assert_ne!(trimmed, derived, "{file}: serial derived from the key");
+        }
+        assert!(serials.insert(serial.to_vec()), "{file}: serial repeated");
+        let ku = cert.key_usage().unwrap().unwrap().value;
+        assert!(
+            !ku.key_encipherment(),
+            "{file}: keyEncipherment on an ECDSA key"
+        );
+        assert!(ku.digital_signature(), "{file}");
+        if cert.is_ca() {
+            let bc = cert.basic_constraints().unwrap().unwrap().value;
+            assert_eq!(bc.path_len_constraint, Some(0), "{file}");
+            assert!(ku.key_cert_sign(), "{file}");
+        }
+    }
+}
+
+/// A leaf asked to live longer than its CA ends when the CA does.
+#[test]
+fn leaves_never_outlive_their_ca() {
+    let ca = pki::Ca::generate("short-ca").unwrap();
+    let mut spec = pki::LeafSpec::new("long-leaf", &[pki::Usage::ClientAuth]);
+    spec.validity = Duration::from_secs(20 * 365 * 24 * 3600);
+    let leaf = ca.issue(&spec).unwrap();
+    let (_, block) = x509_parser::pem::parse_x509_pem(leaf.cert_pem.as_bytes()).unwrap();
+    let (_, cert) = parse_x509_certificate(&block.contents).unwrap();
+    let (_, ca_block) = x509_parser::pem::parse_x509_pem(ca.cert_pem().as_bytes()).unwrap();
+    let (_, ca_cert) = parse_x509_certificate(&ca_block.contents).unwrap();
+    assert!(
+        cert.validity().not_after <= ca_cert.validity().not_after,
+        "leaf ends {} after its CA {}",
+        cert.validity().not_after,
+        ca_cert.validity().not_after
+    );
 }
