@@ -1,30 +1,63 @@
-//! Running a provider's runner only while leading.
+//! Running a piece of the manager only while this replica leads its Lease.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::time::Duration;
 
+use daemon::LeaderElection;
 use tokio_util::sync::CancellationToken;
-use tracing::error;
+use tracing::info;
 
 use crate::metrics::Metrics;
-use crate::runner::Runner;
 
-/// Runs `runner`; with `leader_elect`, only while this manager holds the provider's Lease.
-pub async fn run_elected(
-    _client: kube::Client,
-    runner: Runner,
-    leader_elect: bool,
-    metrics: Arc<Metrics>,
+/// Runs `work` with a token cancelled when leadership ends; again on each new term.
+/// Without an election (`None`), runs `work` once for the life of `cancel`.
+///
+/// A new term calls `work` afresh: whatever the previous term held in memory is dropped,
+/// and the new term re-adopts from the provider (nothing is created or terminated for
+/// pods whose instances exist).
+pub async fn while_leading<F, Fut>(
+    election: Option<LeaderElection>,
+    what: &str,
+    metrics: &Metrics,
     cancel: CancellationToken,
-) {
-    if leader_elect {
-        error!("leader election is not wired yet: the shared daemon lease is pending");
-        cancel.cancelled().await;
+    mut work: F,
+) where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(election) = election else {
+        metrics.leases_held.inc();
+        work(cancel).await;
+        metrics.leases_held.dec();
         return;
+    };
+    let (mut handle, elector) = election.spawn(cancel.clone());
+    while !cancel.is_cancelled() {
+        if !handle.wait_leader().await || cancel.is_cancelled() {
+            break;
+        }
+        info!(%what, "leading: starting");
+        metrics.leases_held.inc();
+        let term = cancel.child_token();
+        let run = work(term.clone());
+        tokio::pin!(run);
+        let mut check = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = &mut run => break,
+                _ = handle.changed() => {}
+                _ = check.tick() => {}
+            }
+            if !handle.is_leader() {
+                // Stop writing before a standby may take over: cancel, then wait.
+                info!(%what, "leadership lost: stopping");
+                term.cancel();
+                run.as_mut().await;
+                break;
+            }
+        }
+        term.cancel();
+        metrics.leases_held.dec();
     }
-    metrics
-        .leases_held
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if let Err(e) = runner.run(cancel).await {
-        error!(error = %crate::chain(&e), "provider runner stopped");
-    }
+    let _ = elector.await;
 }

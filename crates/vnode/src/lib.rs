@@ -25,7 +25,6 @@
 //! Not built here: the kubelet API server (logs/exec/port-forward routes), which plugs the
 //! optional capability traits in.
 
-pub mod admin;
 mod blocklist;
 mod claim;
 pub mod crash;

@@ -94,8 +94,18 @@ pub struct ManagerConfig {
     pub admin_listen: SocketAddr,
     /// The manager's Pod IP (`POD_IP`), advertised as the nodes' address.
     pub pod_ip: Option<String>,
-    /// Run each provider only while holding its Lease.
+    /// Run each provider (and placement) only while holding its Lease
+    /// (`kube-system/nebula-manager-<provider>`, `kube-system/nebula-manager-placement`).
     pub leader_elect: bool,
+    /// This replica's identity in those Leases (the pod name in a cluster).
+    pub identity: String,
+    /// Lease timings (duration, renew deadline, retry period); `None` = the daemon
+    /// crate's defaults (15 s, 10 s, 2 s).
+    pub lease_timings: Option<(
+        std::time::Duration,
+        std::time::Duration,
+        std::time::Duration,
+    )>,
     /// Crash point to SIGKILL at (tests only; see [`CRASH_ENV`]).
     pub crash_at: Option<CrashPoint>,
 }
@@ -122,14 +132,11 @@ pub enum ManagerError {
         source: health::Error,
     },
     /// The admin listener could not start.
-    #[error("starting the admin listener on {addr}")]
-    Admin {
-        /// Where.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("starting the admin listener")]
+    Admin(#[source] daemon::admin::Error),
+    /// A Lease configuration is unusable.
+    #[error("configuring leader election")]
+    Lease(#[source] daemon::lease::ConfigError),
     /// Two `--provider` flags name the same provider.
     #[error("provider {0} is given twice; give each a distinct name with process:NAME")]
     Duplicate(String),
@@ -175,6 +182,7 @@ pub async fn run(
         providers.push(Arc::new(p));
     }
     let metrics = Arc::new(Metrics::default());
+    let client = &client;
     let blocklist = Arc::new(Blocklist::new());
 
     let health = health::Server::new(health::Config {
@@ -188,12 +196,33 @@ pub async fn run(
             addr: cfg.health_listen,
             source,
         })?;
-    let admin = tokio::net::TcpListener::bind(cfg.admin_listen)
+    let admin = daemon::AdminServer::bind(&cfg.admin_listen.to_string())
         .await
-        .map_err(|source| ManagerError::Admin {
-            addr: cfg.admin_listen,
-            source,
-        })?;
+        .map_err(ManagerError::Admin)?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    // One election per provider and one for placement, each registering its lease metrics
+    // under its own label.
+    let election = |lease: String, registry: &mut prometheus_client::registry::Registry| {
+        if !cfg.leader_elect {
+            return Ok(None);
+        }
+        let mut lc = daemon::LeaseConfig::new("kube-system", lease.clone(), cfg.identity.clone());
+        if let Some((d, r, p)) = cfg.lease_timings {
+            lc = lc.with_timings(d, r, p);
+        }
+        let e = daemon::LeaderElection::new(client.clone(), lc).map_err(ManagerError::Lease)?;
+        e.register_metrics(registry.sub_registry_with_label(("lease".into(), lease.into())));
+        Ok::<_, ManagerError>(Some(e))
+    };
+    let mut elections = Vec::new();
+    for p in &providers {
+        elections.push(election(
+            format!("nebula-manager-{}", p.name()),
+            &mut registry,
+        )?);
+    }
+    let placement_election = election("nebula-manager-placement".to_string(), &mut registry)?;
     let bound =
         |l: &tokio::net::TcpListener| l.local_addr().map(|a| a.to_string()).unwrap_or_default();
     info!(health = %bound(&listener), admin = %bound(&admin), "listeners bound");
@@ -210,10 +239,10 @@ pub async fn run(
         });
     }
     {
-        let metrics = metrics.clone();
+        let server = daemon::AdminServer::new(registry);
         let cancel = cancel.clone();
         tasks.spawn(async move {
-            crate::admin::serve(admin, metrics, cancel).await;
+            server.serve(admin, cancel).await;
             "admin listener"
         });
     }
@@ -226,7 +255,7 @@ pub async fn run(
         block_ttl: DEFAULT_BLOCK_TTL,
         events: true,
     };
-    for p in &providers {
+    for (p, election) in providers.iter().zip(elections) {
         let runner = Runner::new(
             client.clone(),
             p.clone(),
@@ -236,11 +265,18 @@ pub async fn run(
             hook.clone(),
         );
         let cancel = cancel.clone();
-        let client = client.clone();
-        let leader_elect = cfg.leader_elect;
         let metrics = metrics.clone();
+        let what = format!("provider {}", p.name());
         tasks.spawn(async move {
-            crate::election::run_elected(client, runner, leader_elect, metrics, cancel).await;
+            crate::election::while_leading(election, &what, &metrics, cancel, |term| {
+                let runner = &runner;
+                async move {
+                    if let Err(e) = runner.run(term).await {
+                        error!(error = %crate::chain(&e), "provider runner stopped");
+                    }
+                }
+            })
+            .await;
             "provider runner"
         });
     }
@@ -256,7 +292,17 @@ pub async fn run(
         let metrics = metrics.clone();
         let cancel = cancel.clone();
         tasks.spawn(async move {
-            run_placement(client, known, blocklist, metrics, cancel).await;
+            let m = metrics.clone();
+            crate::election::while_leading(placement_election, "placement", &m, cancel, |term| {
+                run_placement(
+                    client.clone(),
+                    known.clone(),
+                    blocklist.clone(),
+                    metrics.clone(),
+                    term,
+                )
+            })
+            .await;
             "placement"
         });
     }

@@ -511,18 +511,12 @@ async fn notify_loop(ctx: Arc<Ctx>) {
                 }
             })
             .await;
-        ctx.metrics
-            .pods_pending
-            .store(phases[0], std::sync::atomic::Ordering::Relaxed);
-        ctx.metrics
-            .pods_running
-            .store(phases[1], std::sync::atomic::Ordering::Relaxed);
-        ctx.metrics
-            .pods_succeeded
-            .store(phases[2], std::sync::atomic::Ordering::Relaxed);
-        ctx.metrics
-            .pods_failed
-            .store(phases[3], std::sync::atomic::Ordering::Relaxed);
+        for (phase, n) in ["Pending", "Running", "Succeeded", "Failed"]
+            .iter()
+            .zip(phases)
+        {
+            ctx.metrics.set_pods(phase, n);
+        }
         // Orphans: instances whose pod no longer exists (deleted while no manager ran).
         for instance in &listed {
             if !live_claims.contains(&instance.claim) {

@@ -16,7 +16,10 @@ use crate::provider::Provider;
 /// One provider's virtual node: node registration and lease, pod lifecycle, notify loop.
 pub struct Runner {
     client: Client,
-    handler: Arc<Handler>,
+    provider: Arc<dyn Provider>,
+    crash: Option<CrashHook>,
+    /// The handler of the current (or last) run: each run starts with an empty one.
+    handler: std::sync::Mutex<Arc<Handler>>,
     advert: NodeAdvert,
     metrics: Arc<Metrics>,
     pods: PodControllerConfig,
@@ -25,7 +28,7 @@ pub struct Runner {
 impl std::fmt::Debug for Runner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runner")
-            .field("provider", &self.handler.provider().name())
+            .field("provider", &self.provider.name())
             .finish_non_exhaustive()
     }
 }
@@ -40,10 +43,16 @@ impl Runner {
         pods: PodControllerConfig,
         crash: Option<CrashHook>,
     ) -> Runner {
-        let handler = Arc::new(Handler::new(provider, metrics.clone(), crash));
+        let handler = Arc::new(Handler::new(
+            provider.clone(),
+            metrics.clone(),
+            crash.clone(),
+        ));
         Runner {
             client,
-            handler,
+            provider,
+            crash,
+            handler: std::sync::Mutex::new(handler),
             advert,
             metrics,
             pods,
@@ -51,14 +60,23 @@ impl Runner {
     }
 
     /// The handler (the kubelet API asks it which pods it tracks).
-    pub fn handler(&self) -> &Arc<Handler> {
-        &self.handler
+    pub fn handler(&self) -> Arc<Handler> {
+        self.handler
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Runs until `cancel` fires. A fresh handler map each time it starts leading is what
     /// a new leader has: everything it needs is re-adopted from the provider's list.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), NodeError> {
-        let provider = self.handler.provider().clone();
+        let provider = self.provider.clone();
+        let handler = Arc::new(Handler::new(
+            provider.clone(),
+            self.metrics.clone(),
+            self.crash.clone(),
+        ));
+        *self.handler.lock().unwrap_or_else(|p| p.into_inner()) = handler.clone();
         info!(provider = %provider.name(), "virtual node runner starting");
         // Aborted when this future is dropped (JoinSet), like everything else of the runner.
         let mut node = tokio::task::JoinSet::new();
@@ -70,7 +88,7 @@ impl Runner {
         ));
         let pods = run_pods(
             self.client.clone(),
-            self.handler.clone(),
+            handler,
             self.metrics.clone(),
             self.pods.clone(),
             cancel.clone(),

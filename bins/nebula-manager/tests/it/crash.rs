@@ -12,9 +12,9 @@ use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
-const DEADLINE: Duration = Duration::from_secs(90);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(90);
 
-struct Manager(Child);
+pub(crate) struct Manager(pub(crate) Child);
 
 impl Drop for Manager {
     fn drop(&mut self) {
@@ -23,7 +23,20 @@ impl Drop for Manager {
     }
 }
 
-fn start(kubeconfig: &Path, state: &Path, crash_at: Option<&str>) -> anyhow::Result<Manager> {
+pub(crate) fn start(
+    kubeconfig: &Path,
+    state: &Path,
+    crash_at: Option<&str>,
+) -> anyhow::Result<Manager> {
+    start_with(kubeconfig, state, crash_at, &[])
+}
+
+pub(crate) fn start_with(
+    kubeconfig: &Path,
+    state: &Path,
+    crash_at: Option<&str>,
+    extra: &[&str],
+) -> anyhow::Result<Manager> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_nebula-manager"));
     cmd.args([
         "run",
@@ -46,13 +59,14 @@ fn start(kubeconfig: &Path, state: &Path, crash_at: Option<&str>) -> anyhow::Res
     .env("RUST_LOG", "vnode=info")
     .stdout(Stdio::null())
     .env_remove(vnode::manager::CRASH_ENV);
+    cmd.args(extra);
     if let Some(point) = crash_at {
         cmd.env(vnode::manager::CRASH_ENV, point);
     }
     Ok(Manager(cmd.spawn().context("starting nebula-manager")?))
 }
 
-fn pod(name: &str) -> Pod {
+pub(crate) fn pod(name: &str) -> Pod {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default"},
@@ -66,7 +80,7 @@ fn pod(name: &str) -> Pod {
 }
 
 /// Live process-group leaders tagged with a claim, by claim.
-fn tagged_processes() -> BTreeMap<String, Vec<i32>> {
+pub(crate) fn tagged_processes() -> BTreeMap<String, Vec<i32>> {
     let mut out: BTreeMap<String, Vec<i32>> = BTreeMap::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
@@ -94,7 +108,7 @@ fn tagged_processes() -> BTreeMap<String, Vec<i32>> {
     out
 }
 
-fn kill_claims(claims: &[String]) {
+pub(crate) fn kill_claims(claims: &[String]) {
     for (claim, pids) in tagged_processes() {
         if claims.contains(&claim) {
             for pid in pids {
@@ -107,7 +121,7 @@ fn kill_claims(claims: &[String]) {
     }
 }
 
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
+pub(crate) async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
@@ -124,7 +138,7 @@ where
     }
 }
 
-async fn running(pods: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {
+pub(crate) async fn running(pods: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {
     wait_for(&format!("{name} Running"), || async {
         Ok(pods.get_opt(name).await?.filter(|p| {
             p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
@@ -137,7 +151,7 @@ async fn running(pods: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {
     .await
 }
 
-async fn gone(pods: &Api<Pod>, name: &str) -> anyhow::Result<()> {
+pub(crate) async fn gone(pods: &Api<Pod>, name: &str) -> anyhow::Result<()> {
     wait_for(&format!("{name} gone"), || async {
         Ok(pods.get_opt(name).await?.is_none().then_some(()))
     })

@@ -13,7 +13,9 @@ use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
@@ -26,8 +28,10 @@ async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
-    conn.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
-        .await?;
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
     let mut out = String::new();
     conn.read_to_string(&mut out).await?;
     Ok(out)
@@ -117,7 +121,7 @@ async fn manifests_apply_and_grant_every_request_the_manager_makes() -> anyhow::
     let state = tempfile::tempdir()?;
     let (health, admin) = (free_port()?, free_port()?);
     let mut manager = Command::new(env!("CARGO_BIN_EXE_nebula-manager"))
-        .args(["run", "--provider", "process"])
+        .args(["run", "--provider", "process", "--leader-elect"])
         .arg(format!("--health-listen=127.0.0.1:{health}"))
         .arg(format!("--admin-listen=127.0.0.1:{admin}"))
         .arg("--kubeconfig")
@@ -151,7 +155,10 @@ async fn manifests_apply_and_grant_every_request_the_manager_makes() -> anyhow::
         if m.contains("vnode_pods{phase=\"Running\"} 1") {
             break m;
         }
-        assert!(tokio::time::Instant::now() < deadline, "metrics never showed the pod: {m}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "metrics never showed the pod: {m}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(metrics.contains("vnode_provisions_total 1"), "{metrics}");

@@ -3,3 +3,4 @@
 
 mod crash;
 mod deploy;
+mod failover;
