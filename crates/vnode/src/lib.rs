@@ -20,7 +20,12 @@
 //! - Providers: [`providers::process`] (local process groups) and [`providers::memory`]
 //!   (in-memory, with fault injection, for tests and benchmarks).
 //!
-//! - [`manager`]: what `nebula-manager run` composes (runners, placement, listeners).
+//! - [`manager`]: what `nebula-manager run` composes: a runner per provider and placement,
+//!   each under leader election on its own Lease (the `daemon` crate), the probe listener
+//!   (`health` crate) and the admin listener (`/metrics`, `/status`).
+//! - [`connect_secret_name`] / [`connect_secret`]: the Secret holding a pod's connect
+//!   credential, owned by the pod so garbage collection removes it (no provider shipped
+//!   here issues credentials yet, so nothing writes one).
 //!
 //! Not built here: the kubelet API server (logs/exec/port-forward routes), which plugs the
 //! optional capability traits in.

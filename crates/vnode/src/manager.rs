@@ -239,7 +239,22 @@ pub async fn run(
         });
     }
     {
-        let server = daemon::AdminServer::new(registry);
+        let status_metrics = metrics.clone();
+        let names: Vec<String> = providers.iter().map(|p| p.name().to_string()).collect();
+        let leader_elect = cfg.leader_elect;
+        let server = daemon::AdminServer::new(registry).with_status(move || {
+            let m = &status_metrics;
+            serde_json::json!({
+                "providers": names,
+                "leaderElect": leader_elect,
+                "leading": m.leases_held.get(),
+                "provisions": m.provisions.get(),
+                "terminations": m.terminations.get(),
+                "readoptions": m.readoptions.get(),
+                "providerErrors": m.provider_errors.get(),
+                "placements": m.placements.get(),
+            })
+        });
         let cancel = cancel.clone();
         tasks.spawn(async move {
             server.serve(admin, cancel).await;

@@ -97,7 +97,8 @@ pub async fn run_pods(
         api,
         watcher::Config::default().fields(&format!("spec.nodeName={node}")),
     )
-    .default_backoff();
+    .default_backoff()
+    .modify(prune);
     let recorder = cfg.events.then(|| {
         Recorder::new(
             client.clone(),
@@ -179,6 +180,60 @@ pub async fn run_pods(
     }
     cancel.cancel();
     while tasks.join_next().await.is_some() {}
+}
+
+/// Keeps only what the controller reads, so each tracked pod costs little memory: the
+/// identity and version, this crate's annotations, the first container's shape and the
+/// status fields it compares. (Re-gating reads the full pod from the API.)
+fn prune(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    meta.generate_name = None;
+    meta.creation_timestamp = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.retain(|k, _| {
+            k == keys::INSTANCE_ID_ANNOTATION
+                || k == keys::ENDPOINT_ANNOTATION
+                || k == keys::CAPACITY_TYPE_ANNOTATION
+        });
+    }
+    if let Some(spec) = pod.spec.as_mut() {
+        let first =
+            spec.containers
+                .drain(..)
+                .next()
+                .map(|c| k8s_openapi::api::core::v1::Container {
+                    name: c.name,
+                    image: c.image,
+                    command: c.command,
+                    args: c.args,
+                    env: c.env,
+                    working_dir: c.working_dir,
+                    ..Default::default()
+                });
+        *spec = k8s_openapi::api::core::v1::PodSpec {
+            containers: first.into_iter().collect(),
+            node_name: spec.node_name.take(),
+            ..Default::default()
+        };
+    }
+    if let Some(st) = pod.status.as_mut() {
+        st.host_ip = None;
+        st.host_ips = None;
+        st.pod_ips = None;
+        st.init_container_statuses = None;
+        st.ephemeral_container_statuses = None;
+        st.resource_claim_statuses = None;
+        if let Some(cs) = st.conditions.as_mut() {
+            for c in cs {
+                c.last_probe_time = None;
+                c.message = None;
+            }
+        }
+    }
 }
 
 fn pods_api(client: &Client, pod: &Pod) -> Api<Pod> {
@@ -355,8 +410,17 @@ async fn final_delete(ctx: &Ctx, pod: &Pod) -> Result<(), SyncError> {
 /// A refused pod goes back to placement. Gates cannot be added to a stored pod and a
 /// bound pod cannot move, so the pod is replaced: deleted (grace 0, UID precondition) and
 /// created again with the gate, without this provider's selector and toleration.
-async fn regate(ctx: &Ctx, pod: &Pod) -> Result<(), SyncError> {
+async fn regate(ctx: &Ctx, pruned: &Pod) -> Result<(), SyncError> {
     let provider = ctx.handler.provider().name().to_string();
+    // The store holds a pruned copy; the replacement needs the whole pod.
+    let full = pods_api(&ctx.client, pruned)
+        .get(pruned.metadata.name.as_deref().unwrap_or_default())
+        .await
+        .map_err(api_err("reading", pruned))?;
+    if full.metadata.uid != pruned.metadata.uid {
+        return Ok(());
+    }
+    let pod = &full;
     let mut spec = pod.spec.clone().unwrap_or_default();
     spec.node_name = None;
     if let Some(sel) = spec.node_selector.as_mut() {
