@@ -10,7 +10,8 @@
 //!   child's figure includes the in-memory provider's own instance records.
 //!
 //! `VNODE_BENCH_STEADY_SECS` shortens the 60-second steady state for a quick look;
-//! `VNODE_BENCH_SIZES` (comma-separated) changes the sizes.
+//! `VNODE_BENCH_SIZES` (comma-separated) changes the sizes; `VNODE_BENCH_EVENTS=0` runs
+//! the manager without Kubernetes Events.
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
@@ -61,7 +62,12 @@ fn child(kubeconfig: &str) -> anyhow::Result<()> {
                 kubelet_port: 10250,
             },
             Arc::new(Metrics::default()),
-            PodControllerConfig::default(),
+            PodControllerConfig {
+                // VNODE_BENCH_EVENTS=0 measures without the Events recorder (its cache of
+                // recent events is part of the per-pod memory).
+                events: std::env::var("VNODE_BENCH_EVENTS").map_or(true, |v| v != "0"),
+                ..PodControllerConfig::default()
+            },
             None,
         );
         let cancel = CancellationToken::new();
