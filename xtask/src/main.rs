@@ -123,6 +123,12 @@ const BENCHES: &[(&str, &str, &str, &str)] = &[
         "exec stream MiB/s and RTT through the kubelet proxy against straight to the stub kubelet",
     ),
     (
+        "vnode",
+        "vnode",
+        "vnode",
+        "1,000 and 10,000 pods to Running against the API double's write throughput; steady-state writes; RSS per pod",
+    ),
+    (
         "etcd",
         "ha",
         "etcd",

@@ -1,12 +1,18 @@
 //! `nebula-manager`: the in-cluster manager. It runs one virtual kubelet per provider
-//! (`vnode`), the shared kubelet API server that serves their pods' logs and exec, and
-//! placement.
+//! (`vnode`) and placement.
 //!
-//! Operations: `docs/nebula-manager.md`. Not built yet: no open issue covers `vnode`.
+//! Operations: `docs/nebula-manager.md`.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use vnode::manager::{
+    self, CRASH_ENV, DEFAULT_ADMIN_LISTEN, DEFAULT_HEALTH_LISTEN, DEFAULT_KUBELET_LISTEN,
+    ManagerConfig, ProviderSpec,
+};
 
 /// The in-cluster manager.
 #[derive(Debug, Parser)]
@@ -14,12 +20,95 @@ use clap::Parser;
 struct Cli {
     #[command(flatten)]
     log: cmdline::LogArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Register one virtual node per provider and turn their pods into instances.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// Kubeconfig to use; else $KUBECONFIG, the in-cluster service account, ~/.kube/config.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// A provider: `process` or `process:NAME` (node `nebula-NAME`). Repeat for several.
+    #[arg(long = "provider", required = true)]
+    providers: Vec<ProviderSpec>,
+    /// Directory for the process provider's per-pod directories (logs, working dirs,
+    /// instance records); keep it across restarts so instances are found again.
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// Kubelet API address; its port is advertised as the nodes' daemon endpoint.
+    #[arg(long, default_value = DEFAULT_KUBELET_LISTEN)]
+    kubelet_listen: SocketAddr,
+    /// Admin listener: /metrics.
+    #[arg(long, default_value = DEFAULT_ADMIN_LISTEN)]
+    admin_listen: SocketAddr,
+    /// Probe listener: /healthz and /readyz.
+    #[arg(long, default_value = DEFAULT_HEALTH_LISTEN)]
+    health_listen: SocketAddr,
+    /// Run each provider only while holding its Lease, so replicas can stand by.
+    #[arg(long)]
+    leader_elect: bool,
+}
+
+/// This replica's name in the leader Leases: the pod name in a cluster (`POD_NAME`),
+/// else `<hostname>-<pid>`.
+fn identity() -> String {
+    if let Ok(name) = std::env::var("POD_NAME")
+        && !name.is_empty()
+    {
+        return name;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}-{}", host.trim(), std::process::id())
 }
 
 fn main() -> ExitCode {
     cmdline::install_crypto_provider();
     let cli = Cli::parse();
     cli.log.init();
-    eprintln!("error: nebula-manager has no providers yet: the vnode crate is not built");
-    ExitCode::from(2)
+    match cli.command {
+        Command::Run(args) => cmdline::block_on(run(args)),
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let crash_at = match std::env::var(CRASH_ENV) {
+        Ok(v) => Some(vnode::CrashPoint::parse(&v).with_context(|| {
+            format!("{CRASH_ENV}={v:?} names no crash point; unset it (it is for tests)")
+        })?),
+        Err(_) => None,
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig: pass --kubeconfig, set KUBECONFIG, or run in a cluster")?,
+    };
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let cfg = ManagerConfig {
+        providers: args.providers,
+        state_dir: args.state_dir,
+        kubelet_listen: args.kubelet_listen,
+        health_listen: args.health_listen,
+        admin_listen: args.admin_listen,
+        pod_ip: std::env::var("POD_IP").ok().filter(|s| !s.is_empty()),
+        leader_elect: args.leader_elect,
+        identity: identity(),
+        lease_timings: None,
+        crash_at,
+    };
+    manager::run(client, cfg, cmdline::shutdown_token()).await?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,9 +1,79 @@
 //! A virtual kubelet: one virtual Node per provider, whose pods become external instances
-//! (cloud VMs, GPU boxes, local processes) through a provider seam.
+//! (cloud VMs, GPU boxes, local processes) through a provider seam. The Pod is the single
+//! source of truth: creating it provisions an instance, deleting it terminates the instance.
 //!
-//! Status: not built yet. No open issue covers it; the specification is
-//! `seeds/vnode.txt` in the project's shared folder. The planned shape: a `Provider` trait
-//! (provision / terminate / list / status, with optional log streaming and exec), a pod
-//! lifecycle handler that derives each instance's identity from its pod so a restarted
-//! manager reclaims instances instead of leaking or doubling them, and a shared kubelet
-//! API server answering `kubectl logs/exec` for every virtual node.
+//! Main pieces:
+//! - [`Provider`] (provision / terminate / list / status / health) and the optional
+//!   capabilities the kubelet API asks for separately: [`LogStreamer`], [`Executor`],
+//!   [`PortForwarder`], [`StatsSource`].
+//! - [`claim_name`]: an instance's identity derived from its pod's namespace, name and UID,
+//!   so a restarted manager finds its instances again instead of leaking or doubling them,
+//!   and a pod re-created under the same name is another claim.
+//! - [`Handler`]: create (records the instance id before answering), delete (idempotent),
+//!   get (re-adopts from the provider's list on a cold map, keeping "absent" and "could not
+//!   ask" apart).
+//! - [`node`]: the virtual node (labels, taint, capacity, address, Ready, node Lease).
+//! - [`pods`]: the pod controller and its notify loop (metadata first, then status, each
+//!   with the resourceVersion read; nothing written in steady state).
+//! - [`placement`]: the placement gate, candidates, [`Blocklist`].
+//! - [`Runner`]: one provider's node and pod controllers together.
+//! - Providers: [`providers::process`] (local process groups) and [`providers::memory`]
+//!   (in-memory, with fault injection, for tests and benchmarks).
+//!
+//! - [`manager`]: what `nebula-manager run` composes: a runner per provider and placement,
+//!   each under leader election on its own Lease (the `daemon` crate), the probe listener
+//!   (`health` crate) and the admin listener (`/metrics`, `/status`).
+//! - [`connect_secret_name`] / [`connect_secret`]: the Secret holding a pod's connect
+//!   credential, owned by the pod so garbage collection removes it (no provider shipped
+//!   here issues credentials yet, so nothing writes one).
+//!
+//! Not built here: the kubelet API server (logs/exec/port-forward routes), which plugs the
+//! optional capability traits in.
+
+mod blocklist;
+mod claim;
+pub mod crash;
+mod election;
+mod handler;
+pub mod manager;
+mod metrics;
+pub mod node;
+pub mod placement;
+pub mod pods;
+mod provider;
+mod queue;
+mod runner;
+pub mod status;
+
+/// The providers shipped with the crate.
+pub mod providers {
+    pub mod memory;
+    pub mod process;
+}
+
+pub use blocklist::Blocklist;
+pub use claim::{
+    CLAIM_PREFIX, claim_for, claim_name, connect_secret, connect_secret_name, pod_key,
+    provision_request,
+};
+pub use crash::{CrashHook, CrashPoint};
+pub use handler::{DeleteError, Found, Handler, LookupError};
+pub use metrics::Metrics;
+pub use provider::{
+    BlockScope, ByteSink, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance,
+    InstanceState, InstanceStats, LogOptions, LogStreamer, PortForwarder, Provider, ProviderError,
+    ProvisionRequest, StatsSource,
+};
+pub use runner::Runner;
+
+/// `err` and its sources, joined with ": " (for logs).
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut src = err.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
+}

@@ -1,0 +1,286 @@
+//! The pod lifecycle handler of one provider: create, delete and look up a pod's
+//! instance, keeping the in-memory map of which claim has which instance.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::claim::{claim_name, provision_request};
+use crate::crash::{self, CrashHook, CrashPoint};
+use crate::metrics::Metrics;
+use crate::provider::{Instance, Provider, ProviderError};
+
+/// Why [`Handler::get`] has no instance to give.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The provider answered and holds no instance for this pod's claim.
+    #[error("no instance for claim {claim}")]
+    NotFound {
+        /// The claim asked about.
+        claim: String,
+    },
+    /// The provider could not be asked, so whether an instance exists is unknown. The
+    /// caller must neither create (there may be one) nor terminate-and-forget (there may
+    /// be one we cannot see): requeue. `claim` is the placeholder "pod" this outcome
+    /// carries alongside the error.
+    #[error("cannot tell whether claim {claim} has an instance")]
+    Unknown {
+        /// The claim asked about.
+        claim: String,
+        /// Why the provider could not be asked.
+        #[source]
+        source: ProviderError,
+    },
+    /// The pod has no UID (not stored yet) or no container.
+    #[error("pod {0} has no UID or no container, so it has no claim")]
+    NoClaim(String),
+}
+
+/// What [`Handler::get`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    /// The claim.
+    pub claim: String,
+    /// The provider's id of the instance.
+    pub instance_id: String,
+    /// Whether this lookup rebuilt the entry from the provider's list (a re-adoption).
+    pub readopted: bool,
+}
+
+/// Why [`Handler::delete`] did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteError {
+    /// Ownership unknown: nothing was terminated; retry later.
+    #[error("cannot delete the instance of pod {pod} while the provider cannot be asked")]
+    Unknown {
+        /// `namespace/name`.
+        pod: String,
+        /// Why.
+        #[source]
+        source: ProviderError,
+    },
+    /// Terminate failed.
+    #[error("terminating instance {instance} of pod {pod}")]
+    Terminate {
+        /// `namespace/name`.
+        pod: String,
+        /// The instance.
+        instance: String,
+        /// Why.
+        #[source]
+        source: ProviderError,
+    },
+}
+
+/// The lifecycle handler of one provider. Shared (`Arc`) between the pod controller's
+/// workers and its notify loop.
+pub struct Handler {
+    provider: Arc<dyn Provider>,
+    /// claim -> instance id. The claim includes the pod UID, so an old and a new pod of
+    /// the same name never share an entry.
+    /// Each entry carries the epoch it was recorded in, so the notify loop can tell an
+    /// instance recorded after its list was taken from one that vanished.
+    tracked: Mutex<HashMap<String, (String, u64)>>,
+    epoch: std::sync::atomic::AtomicU64,
+    /// The provider's instances as listed once after start (the cold map), consumed as
+    /// pods are re-adopted; `None` until a list succeeded.
+    cold: tokio::sync::Mutex<Option<HashMap<String, Instance>>>,
+    crash: Option<CrashHook>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Handler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handler")
+            .field("provider", &self.provider.name())
+            .field("tracked", &self.tracked_len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Handler {
+    /// A handler for `provider`. `crash` is a test hook run at each [`CrashPoint`].
+    pub fn new(
+        provider: Arc<dyn Provider>,
+        metrics: Arc<Metrics>,
+        crash: Option<CrashHook>,
+    ) -> Handler {
+        Handler {
+            provider,
+            tracked: Mutex::default(),
+            cold: tokio::sync::Mutex::new(None),
+            epoch: std::sync::atomic::AtomicU64::new(0),
+            crash,
+            metrics,
+        }
+    }
+
+    /// The provider.
+    pub fn provider(&self) -> &Arc<dyn Provider> {
+        &self.provider
+    }
+
+    /// How many claims are tracked.
+    pub fn tracked_len(&self) -> usize {
+        lock(&self.tracked).len()
+    }
+
+    /// The instance id tracked for `claim`, if any.
+    pub fn tracked(&self, claim: &str) -> Option<String> {
+        lock(&self.tracked).get(claim).map(|(id, _)| id.clone())
+    }
+
+    /// The current epoch: entries recorded from now on carry a larger one.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The instance id tracked for `claim` and the epoch it was recorded in.
+    pub fn tracked_with_epoch(&self, claim: &str) -> Option<(String, u64)> {
+        lock(&self.tracked).get(claim).cloned()
+    }
+
+    fn record(&self, claim: String, id: String) {
+        let epoch = self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        lock(&self.tracked).insert(claim, (id, epoch));
+    }
+
+    /// Whether this handler tracks the pod `namespace/name` with this claim: what the
+    /// kubelet API asks before serving logs or exec.
+    pub fn tracks(&self, pod: &Pod) -> Option<String> {
+        claim_name(pod).and_then(|c| self.tracked(&c))
+    }
+
+    pub(crate) async fn crash_at(&self, point: CrashPoint) {
+        crash::at(&self.crash, point).await;
+    }
+
+    /// Loads the cold map from the provider's list if it is not loaded yet.
+    async fn ensure_cold(&self) -> Result<(), ProviderError> {
+        let mut cold = self.cold.lock().await;
+        if cold.is_none() {
+            let listed = self.provider.list().await.inspect_err(|_| {
+                Metrics::inc(&self.metrics.provider_errors);
+            })?;
+            *cold = Some(listed.into_iter().map(|i| (i.claim.clone(), i)).collect());
+        }
+        Ok(())
+    }
+
+    /// The instances the provider listed at start that no pod has re-adopted yet:
+    /// orphans, once every pod has been looked up. `None` until a list succeeded.
+    pub async fn unadopted(&self) -> Option<Vec<Instance>> {
+        self.ensure_cold().await.ok()?;
+        let cold = self.cold.lock().await;
+        let tracked = lock(&self.tracked);
+        cold.as_ref().map(|m| {
+            m.values()
+                .filter(|i| !tracked.contains_key(&i.claim))
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// The pod's instance: from the map, else re-adopted from the provider's list.
+    ///
+    /// Three outcomes, kept apart because they have opposite consequences: found (the
+    /// entry is rebuilt), [`LookupError::NotFound`] (the provider answered: no instance;
+    /// creating one is right), [`LookupError::Unknown`] (the provider could not be asked:
+    /// neither create nor terminate).
+    pub async fn get(&self, pod: &Pod) -> Result<Found, LookupError> {
+        let claim =
+            claim_name(pod).ok_or_else(|| LookupError::NoClaim(crate::claim::pod_key(pod)))?;
+        if let Some(id) = self.tracked(&claim) {
+            return Ok(Found {
+                claim,
+                instance_id: id,
+                readopted: false,
+            });
+        }
+        if let Err(source) = self.ensure_cold().await {
+            return Err(LookupError::Unknown { claim, source });
+        }
+        let mut cold = self.cold.lock().await;
+        let hit = cold.as_mut().and_then(|m| m.remove(&claim));
+        drop(cold);
+        match hit {
+            Some(instance) => {
+                self.record(claim.clone(), instance.id.clone());
+                Metrics::inc(&self.metrics.readoptions);
+                Ok(Found {
+                    claim,
+                    instance_id: instance.id,
+                    readopted: true,
+                })
+            }
+            None => Err(LookupError::NotFound { claim }),
+        }
+    }
+
+    /// Provisions the pod's instance (idempotent on its claim) and records the instance id
+    /// before answering, so an instance that exists is always reachable for teardown.
+    pub async fn create(&self, pod: &Pod) -> Result<Instance, ProviderError> {
+        let req = provision_request(pod).ok_or_else(|| ProviderError::Failed {
+            operation: "provision",
+            reason: format!(
+                "pod {} has no UID or no container to run",
+                crate::claim::pod_key(pod)
+            ),
+        })?;
+        self.crash_at(CrashPoint::BeforeProvision).await;
+        let instance = self.provider.provision(&req).await.inspect_err(|_| {
+            Metrics::inc(&self.metrics.provider_errors);
+        })?;
+        self.record(req.claim.clone(), instance.id.clone());
+        Metrics::inc(&self.metrics.provisions);
+        self.crash_at(CrashPoint::AfterProvision).await;
+        Ok(instance)
+    }
+
+    /// Terminates the pod's instance, if it has one, and stops tracking it. Safe to repeat.
+    pub async fn delete(&self, pod: &Pod) -> Result<(), DeleteError> {
+        let key = crate::claim::pod_key(pod);
+        let found = match self.get(pod).await {
+            Ok(found) => found,
+            Err(LookupError::NotFound { .. } | LookupError::NoClaim(_)) => return Ok(()),
+            Err(LookupError::Unknown { source, .. }) => {
+                return Err(DeleteError::Unknown { pod: key, source });
+            }
+        };
+        self.terminate_claim(&key, &found.claim, &found.instance_id)
+            .await
+    }
+
+    /// Terminates `instance` of `claim` and forgets it.
+    pub async fn terminate_claim(
+        &self,
+        pod: &str,
+        claim: &str,
+        instance: &str,
+    ) -> Result<(), DeleteError> {
+        self.provider.terminate(instance).await.map_err(|source| {
+            Metrics::inc(&self.metrics.provider_errors);
+            DeleteError::Terminate {
+                pod: pod.to_string(),
+                instance: instance.to_string(),
+                source,
+            }
+        })?;
+        lock(&self.tracked).remove(claim);
+        if let Some(m) = self.cold.lock().await.as_mut() {
+            m.remove(claim);
+        }
+        Metrics::inc(&self.metrics.terminations);
+        Ok(())
+    }
+
+    /// Stops tracking a claim without touching its instance.
+    pub fn forget(&self, claim: &str) {
+        lock(&self.tracked).remove(claim);
+    }
+}

@@ -1,0 +1,277 @@
+//! The provider seam: what a backend of external instances must answer, and the optional
+//! capabilities (logs, exec, port-forward, stats) the kubelet API asks for separately.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// What a provider offers, read once when its handler starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// How often the notify loop asks the provider for instance states.
+    pub poll_interval: Duration,
+    /// Node capacity advertised on the virtual node (`cpu`, `memory`, `pods`, ...), as
+    /// Kubernetes quantities.
+    pub capacity: BTreeMap<String, String>,
+    /// Capacity types the provider sells, in order of preference (`on-demand`, `spot`).
+    /// Placement writes the first one the blocklist does not hold.
+    pub capacity_types: Vec<String>,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        let capacity = [("cpu", "64"), ("memory", "256Gi"), ("pods", "10000")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Capabilities {
+            poll_interval: Duration::from_secs(5),
+            capacity,
+            capacity_types: vec!["on-demand".to_string()],
+        }
+    }
+}
+
+/// Everything a provider needs to provision one pod's instance. Built from the Pod alone
+/// (plus the capacity-type annotation placement wrote), so a retry builds the same request.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ProvisionRequest {
+    /// The claim ([`crate::claim_name`]): the provider tags the instance with it and must
+    /// answer a second provision of the same claim with the instance it already has.
+    pub claim: String,
+    /// Namespace of the pod.
+    pub namespace: String,
+    /// Name of the pod.
+    pub pod_name: String,
+    /// The first container's image.
+    pub image: String,
+    /// The first container's `command`.
+    pub command: Vec<String>,
+    /// The first container's `args`.
+    pub args: Vec<String>,
+    /// The first container's literal environment (`value`, not `valueFrom`).
+    pub env: Vec<(String, String)>,
+    /// The first container's `workingDir`, if set.
+    pub working_dir: Option<String>,
+    /// The capacity type placement chose, if any.
+    pub capacity_type: Option<String>,
+}
+
+/// Where an instance is in its life, as the provider sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InstanceState {
+    /// Being created or booted.
+    Pending,
+    /// Up.
+    Running,
+    /// Finished with an exit code (0 is success).
+    Exited {
+        /// The exit code; a signal death is 128 + the signal number.
+        code: i32,
+    },
+    /// Gone or broken for a reason the provider can name.
+    Failed {
+        /// What happened.
+        reason: String,
+    },
+}
+
+/// One instance as a provider reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instance {
+    /// The provider's identifier (a VM id, a PID...); written to the pod's
+    /// `instance-id` annotation.
+    pub id: String,
+    /// The claim tag the instance carries.
+    pub claim: String,
+    /// Its state.
+    pub state: InstanceState,
+    /// Where it answers (a host name or address, maybe with a port), if known.
+    pub endpoint: Option<String>,
+    /// Its IP address, if it has one (written to `status.podIP`).
+    pub ip: Option<String>,
+    /// When it started, RFC 3339, if known (written to the container's `startedAt`).
+    pub started_at: Option<String>,
+}
+
+/// What a placement refusal blocks: the whole provider, or one capacity type of it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BlockScope {
+    /// Every request to this provider.
+    Provider,
+    /// Requests for one capacity type (for example spot capacity ran out).
+    CapacityType(String),
+}
+
+/// Why a provider call did not succeed. The classes have different consequences, so they
+/// are variants, not message texts.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProviderError {
+    /// The provider answered and said no (quota, no capacity): placement moves on.
+    #[error("provider refused the request ({scope:?}): {reason}")]
+    Refused {
+        /// What the refusal covers.
+        scope: BlockScope,
+        /// The provider's words.
+        reason: String,
+    },
+    /// The provider could not be asked. Ownership of instances is unknown: nothing may be
+    /// created or terminated on this answer.
+    #[error("provider unreachable: {reason}")]
+    Unreachable {
+        /// What failed.
+        reason: String,
+    },
+    /// The request reached the provider and failed there.
+    #[error("provider operation {operation} failed: {reason}")]
+    Failed {
+        /// Which operation.
+        operation: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The optional capability is not offered by this provider.
+    #[error("the provider does not support {0}")]
+    Unsupported(&'static str),
+    /// No such instance.
+    #[error("instance {0} not found")]
+    NotFound(String),
+}
+
+/// A backend of external instances. One virtual node per provider.
+///
+/// Every method is safe to call again after a crash: `provision` answers the existing
+/// instance for a claim it already has, `terminate` of a gone instance succeeds.
+pub trait Provider: Send + Sync + 'static {
+    /// The provider's name (`process`, `mem`...): the node is `nebula-<name>`.
+    fn name(&self) -> &str;
+    /// What it offers.
+    fn capabilities(&self) -> Capabilities;
+    /// Creates the instance for `req.claim`, or returns the one that claim already has.
+    fn provision<'a>(
+        &'a self,
+        req: &'a ProvisionRequest,
+    ) -> BoxFuture<'a, Result<Instance, ProviderError>>;
+    /// Ends an instance; an instance that is already gone is a success.
+    fn terminate<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+    /// Every instance the provider holds, with its claim tag. `Unreachable` when it cannot
+    /// be asked: never an empty list.
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Instance>, ProviderError>>;
+    /// One instance's current state; `Ok(None)` when it no longer exists.
+    fn status<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Instance>, ProviderError>>;
+    /// Whether the provider can be used now; while it fails the node is not Ready and its
+    /// lease is not renewed.
+    fn health(&self) -> BoxFuture<'_, Result<(), ProviderError>>;
+    /// Log streaming, if offered.
+    fn log_streamer(&self) -> Option<&dyn LogStreamer> {
+        None
+    }
+    /// Exec, if offered.
+    fn executor(&self) -> Option<&dyn Executor> {
+        None
+    }
+    /// Port-forward, if offered.
+    fn port_forwarder(&self) -> Option<&dyn PortForwarder> {
+        None
+    }
+    /// Resource statistics, if offered.
+    fn stats(&self) -> Option<&dyn StatsSource> {
+        None
+    }
+}
+
+/// A byte stream read by the kubelet API.
+pub type ByteStream = Pin<Box<dyn AsyncRead + Send>>;
+/// A byte sink written by the kubelet API.
+pub type ByteSink = Pin<Box<dyn AsyncWrite + Send>>;
+
+/// A duplex stream (port-forward).
+pub trait Duplex: AsyncRead + AsyncWrite + Send {}
+impl<T: AsyncRead + AsyncWrite + Send> Duplex for T {}
+
+/// Options of a log request (`kubectl logs`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOptions {
+    /// Keep the stream open and send new lines as they come.
+    pub follow: bool,
+    /// Only the last N lines.
+    pub tail_lines: Option<u64>,
+    /// Stop after this many bytes.
+    pub limit_bytes: Option<u64>,
+}
+
+/// Optional capability: the instance's console output.
+pub trait LogStreamer: Send + Sync {
+    /// Opens the instance's log (stdout and stderr, in order written where possible).
+    fn logs<'a>(
+        &'a self,
+        instance_id: &'a str,
+        opts: &'a LogOptions,
+    ) -> BoxFuture<'a, Result<ByteStream, ProviderError>>;
+}
+
+/// The streams of one exec session.
+pub struct ExecIo {
+    /// Standard input, if the client sends one.
+    pub stdin: Option<ByteStream>,
+    /// Standard output, if the client wants it.
+    pub stdout: Option<ByteSink>,
+    /// Standard error, if the client wants it.
+    pub stderr: Option<ByteSink>,
+}
+
+impl std::fmt::Debug for ExecIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecIo")
+            .field("stdin", &self.stdin.is_some())
+            .field("stdout", &self.stdout.is_some())
+            .field("stderr", &self.stderr.is_some())
+            .finish()
+    }
+}
+
+/// Optional capability: run a command in the instance's environment.
+pub trait Executor: Send + Sync {
+    /// Runs `command` to completion, pumping `io`; answers its exit code.
+    fn exec<'a>(
+        &'a self,
+        instance_id: &'a str,
+        command: Vec<String>,
+        io: ExecIo,
+    ) -> BoxFuture<'a, Result<i32, ProviderError>>;
+}
+
+/// Optional capability: a connection to a port of the instance.
+pub trait PortForwarder: Send + Sync {
+    /// Connects to `port` of the instance.
+    fn connect<'a>(
+        &'a self,
+        instance_id: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, Result<Pin<Box<dyn Duplex>>, ProviderError>>;
+}
+
+/// Resource usage of one instance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InstanceStats {
+    /// CPU time used, nanoseconds.
+    pub cpu_nanos: u64,
+    /// Resident memory, bytes.
+    pub memory_bytes: u64,
+}
+
+/// Optional capability: per-instance statistics (the kubelet's stats summary).
+pub trait StatsSource: Send + Sync {
+    /// Current usage of an instance.
+    fn stats<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<InstanceStats, ProviderError>>;
+}

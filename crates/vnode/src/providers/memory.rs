@@ -1,0 +1,268 @@
+//! An in-memory provider for tests and benchmarks, with fault injection: latency,
+//! refusals, an unreachable `list`, a failing health check and a crash point between
+//! creating an instance and answering.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use crate::crash::{CrashHook, CrashPoint};
+use crate::provider::{
+    BlockScope, Capabilities, Instance, InstanceState, Provider, ProviderError, ProvisionRequest,
+};
+
+/// Faults currently injected. Change them at any time through [`MemoryProvider::faults`].
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Added to every call.
+    pub latency: Duration,
+    /// Every provision is refused with this scope.
+    pub refuse: Option<BlockScope>,
+    /// Provisions asking for these capacity types are refused (scope: that type).
+    pub refuse_capacity_types: Vec<String>,
+    /// `list`, `status`, `provision` and `terminate` answer `Unreachable`.
+    pub unreachable: bool,
+    /// `health` fails.
+    pub unhealthy: bool,
+}
+
+/// Counters of what was asked, for assertions.
+#[derive(Debug, Default)]
+pub struct Calls {
+    /// Instances created (not idempotent answers).
+    pub created: AtomicU64,
+    /// Instances terminated (not idempotent answers).
+    pub terminated: AtomicU64,
+    /// `list` calls.
+    pub lists: AtomicU64,
+    /// `provision` calls, including idempotent ones and refusals.
+    pub provisions: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    /// claim -> instance
+    instances: HashMap<String, Instance>,
+    next_id: u64,
+}
+
+/// The in-memory provider. Clones share state, so a test can keep one handle to inspect
+/// what a manager (or two) did, and hand another to a restarted manager: the instances
+/// outlive the manager, as a cloud's would.
+#[derive(Clone)]
+pub struct MemoryProvider {
+    name: String,
+    caps: Capabilities,
+    state: Arc<Mutex<State>>,
+    faults: Arc<Mutex<Faults>>,
+    crash: Arc<Mutex<Option<CrashHook>>>,
+    /// Newly created instances start Pending and become Running on the next status read.
+    instant_running: Arc<AtomicBool>,
+    /// What was asked.
+    pub calls: Arc<Calls>,
+}
+
+impl std::fmt::Debug for MemoryProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryProvider")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryProvider {
+    /// A provider called `name` polling every `poll_interval`.
+    pub fn new(name: impl Into<String>, poll_interval: Duration) -> MemoryProvider {
+        MemoryProvider {
+            name: name.into(),
+            caps: Capabilities {
+                poll_interval,
+                capacity_types: vec!["on-demand".into(), "spot".into()],
+                ..Capabilities::default()
+            },
+            state: Arc::default(),
+            faults: Arc::default(),
+            crash: Arc::default(),
+            instant_running: Arc::new(AtomicBool::new(true)),
+            calls: Arc::default(),
+        }
+    }
+
+    /// The injected faults, to change.
+    pub fn faults(&self) -> MutexGuard<'_, Faults> {
+        lock(&self.faults)
+    }
+
+    /// Installs a hook run at [`CrashPoint::ProviderCreated`]: after the instance exists,
+    /// before `provision` answers.
+    pub fn set_crash_hook(&self, hook: Option<CrashHook>) {
+        *lock(&self.crash) = hook;
+    }
+
+    /// A snapshot of the instances, live and finished.
+    pub fn instances(&self) -> Vec<Instance> {
+        lock(&self.state).instances.values().cloned().collect()
+    }
+
+    /// Makes an instance vanish behind the manager's back (a VM deleted in the console).
+    pub fn vanish(&self, claim: &str) -> bool {
+        lock(&self.state).instances.remove(claim).is_some()
+    }
+
+    /// Sets an instance's state (for example an exit).
+    pub fn set_state(&self, claim: &str, state: InstanceState) {
+        if let Some(i) = lock(&self.state).instances.get_mut(claim) {
+            i.state = state;
+        }
+    }
+
+    async fn delay(&self) -> Result<(), ProviderError> {
+        let (latency, unreachable) = {
+            let f = lock(&self.faults);
+            (f.latency, f.unreachable)
+        };
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        if unreachable {
+            return Err(ProviderError::Unreachable {
+                reason: format!("in-memory provider {} is set unreachable", self.name),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Provider for MemoryProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.caps.clone()
+    }
+
+    fn provision<'a>(
+        &'a self,
+        req: &'a ProvisionRequest,
+    ) -> BoxFuture<'a, Result<Instance, ProviderError>> {
+        async move {
+            self.calls.provisions.fetch_add(1, Ordering::Relaxed);
+            self.delay().await?;
+            {
+                let f = lock(&self.faults);
+                if let Some(scope) = &f.refuse {
+                    return Err(ProviderError::Refused {
+                        scope: scope.clone(),
+                        reason: "injected refusal".into(),
+                    });
+                }
+                if let Some(ct) = &req.capacity_type
+                    && f.refuse_capacity_types.contains(ct)
+                {
+                    return Err(ProviderError::Refused {
+                        scope: BlockScope::CapacityType(ct.clone()),
+                        reason: format!("no {ct} capacity (injected)"),
+                    });
+                }
+            }
+            let instance = {
+                let mut st = lock(&self.state);
+                if let Some(existing) = st.instances.get(&req.claim) {
+                    return Ok(existing.clone());
+                }
+                st.next_id += 1;
+                let id = format!("mem-{}", st.next_id);
+                let instance = Instance {
+                    endpoint: Some(format!("{id}.{}.invalid:22", self.name)),
+                    id,
+                    claim: req.claim.clone(),
+                    state: InstanceState::Pending,
+                    ip: None,
+                    started_at: None,
+                };
+                st.instances.insert(req.claim.clone(), instance.clone());
+                instance
+            };
+            self.calls.created.fetch_add(1, Ordering::Relaxed);
+            let hook = lock(&self.crash).clone();
+            crate::crash::at(&hook, CrashPoint::ProviderCreated).await;
+            Ok(instance)
+        }
+        .boxed()
+    }
+
+    fn terminate<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        async move {
+            self.delay().await?;
+            let mut st = lock(&self.state);
+            let claim = st
+                .instances
+                .iter()
+                .find(|(_, i)| i.id == instance_id)
+                .map(|(c, _)| c.clone());
+            if let Some(claim) = claim {
+                st.instances.remove(&claim);
+                self.calls.terminated.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Instance>, ProviderError>> {
+        async move {
+            self.calls.lists.fetch_add(1, Ordering::Relaxed);
+            self.delay().await?;
+            let running = self.instant_running.load(Ordering::Relaxed);
+            let mut st = lock(&self.state);
+            Ok(st
+                .instances
+                .values_mut()
+                .map(|i| {
+                    if running && i.state == InstanceState::Pending {
+                        i.state = InstanceState::Running;
+                        i.started_at = Some("2026-01-01T00:00:00Z".into());
+                    }
+                    i.clone()
+                })
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn status<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Instance>, ProviderError>> {
+        async move {
+            self.delay().await?;
+            Ok(lock(&self.state)
+                .instances
+                .values()
+                .find(|i| i.id == instance_id)
+                .cloned())
+        }
+        .boxed()
+    }
+
+    fn health(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
+        async move {
+            if lock(&self.faults).unhealthy {
+                return Err(ProviderError::Unreachable {
+                    reason: "in-memory provider is set unhealthy".into(),
+                });
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,780 @@
+//! The `process` provider: a pod is a local process group running its first container's
+//! command and args, with its literal env, in a working directory under a per-pod
+//! directory of the state dir. Output (stdout and stderr, interleaved as written) goes to
+//! `output.log` there, which is what log streaming serves.
+//!
+//! Layout of `--state-dir`, one directory per claim:
+//!
+//! ```text
+//! <state-dir>/<claim>/instance.json   pid, start time, pod (written after the spawn)
+//! <state-dir>/<claim>/output.log      stdout and stderr
+//! <state-dir>/<claim>/exit            exit code, written by the process's shell wrapper
+//! <state-dir>/<claim>/root/           working directory base (workingDir resolves here)
+//! ```
+//!
+//! A restarted manager finds its instances again from these files. A PID alone is not an
+//! identity (the kernel reuses them), so an instance is alive only when the PID's start
+//! time (`/proc/<pid>/stat`) matches the recorded one. Every process carries its claim in
+//! `NEBULA_CLAIM`, so a manager that died between the spawn and the write of
+//! `instance.json` finds the process by that tag instead of starting a second one.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Seek, SeekFrom};
+use std::path::{Component, Path, PathBuf};
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+
+use crate::crash::{CrashHook, CrashPoint};
+use crate::provider::{
+    ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance, InstanceState, InstanceStats,
+    LogOptions, LogStreamer, PortForwarder, Provider, ProviderError, ProvisionRequest, StatsSource,
+};
+
+/// Environment variable every process of this provider carries: its claim.
+pub const CLAIM_ENV: &str = "NEBULA_CLAIM";
+const RECORD: &str = "instance.json";
+const OUTPUT: &str = "output.log";
+const EXIT: &str = "exit";
+/// How long a terminated process group gets between SIGTERM and SIGKILL.
+const TERM_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+struct Record {
+    claim: String,
+    pid: i32,
+    start_time: u64,
+    namespace: String,
+    pod: String,
+    env: Vec<(String, String)>,
+    working_dir: PathBuf,
+}
+
+impl Record {
+    fn id(&self) -> String {
+        format!("{}-{}", self.pid, self.start_time)
+    }
+}
+
+/// The process provider. Cheap to clone.
+#[derive(Clone)]
+pub struct ProcessProvider {
+    name: String,
+    state_dir: PathBuf,
+    poll_interval: Duration,
+    crash: Option<CrashHook>,
+    /// Serialises provisions of the same claim inside one manager.
+    provisioning: Arc<tokio::sync::Mutex<()>>,
+    /// Cache of id -> claim directory, rebuilt from disk when missing.
+    index: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl std::fmt::Debug for ProcessProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessProvider")
+            .field("name", &self.name)
+            .field("state_dir", &self.state_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the process provider could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("process provider state directory {path}")]
+pub struct StateDirError {
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+impl ProcessProvider {
+    /// A provider named `name` keeping its state under `state_dir/<name>` (created).
+    pub fn new(
+        name: impl Into<String>,
+        state_dir: &Path,
+    ) -> Result<ProcessProvider, StateDirError> {
+        let name = name.into();
+        let dir = state_dir.join(&name);
+        std::fs::create_dir_all(&dir).map_err(|source| StateDirError {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(ProcessProvider {
+            name,
+            state_dir: dir,
+            poll_interval: Duration::from_secs(2),
+            crash: None,
+            provisioning: Arc::default(),
+            index: Arc::default(),
+        })
+    }
+
+    /// Sets the notify cadence (default 2 s).
+    pub fn with_poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+
+    /// Installs a hook run at [`CrashPoint::ProviderCreated`] (after the spawn, before
+    /// `instance.json` is written).
+    pub fn with_crash_hook(mut self, hook: Option<CrashHook>) -> Self {
+        self.crash = hook;
+        self
+    }
+
+    fn claim_dir(&self, claim: &str) -> Result<PathBuf, ProviderError> {
+        // Claims come from claim_name (hex), but the provider is a library seam: refuse
+        // anything that could leave the state directory.
+        if claim.is_empty()
+            || !claim
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            return Err(failed(
+                "provision",
+                format!("claim {claim:?} is not a plain name"),
+            ));
+        }
+        Ok(self.state_dir.join(claim))
+    }
+
+    fn read_record(dir: &Path) -> Option<Record> {
+        let bytes = std::fs::read(dir.join(RECORD)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    fn write_record(dir: &Path, rec: &Record) -> Result<(), ProviderError> {
+        let bytes = serde_json::to_vec(rec).map_err(|e| failed("provision", e.to_string()))?;
+        let tmp = dir.join(".instance.json.tmp");
+        std::fs::write(&tmp, bytes)
+            .map_err(|e| failed("provision", format!("{}: {e}", tmp.display())))?;
+        std::fs::rename(&tmp, dir.join(RECORD))
+            .map_err(|e| failed("provision", format!("{}: {e}", dir.join(RECORD).display())))
+    }
+
+    fn instance_of(&self, dir: &Path, rec: &Record) -> Instance {
+        let state = if alive(rec.pid, rec.start_time) {
+            InstanceState::Running
+        } else {
+            match std::fs::read_to_string(dir.join(EXIT)) {
+                Ok(code) => match code.trim().parse::<i32>() {
+                    Ok(code) => InstanceState::Exited { code },
+                    Err(_) => InstanceState::Failed {
+                        reason: format!("unreadable exit code {:?}", code.trim()),
+                    },
+                },
+                Err(_) => InstanceState::Failed {
+                    reason: "the process ended without recording an exit code (killed)".into(),
+                },
+            }
+        };
+        Instance {
+            id: rec.id(),
+            claim: rec.claim.clone(),
+            state,
+            endpoint: Some("127.0.0.1".into()),
+            ip: Some("127.0.0.1".into()),
+            started_at: None,
+        }
+    }
+
+    fn lookup(&self, id: &str) -> Option<(PathBuf, Record)> {
+        let cached = self
+            .index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned();
+        if let Some(claim) = cached {
+            let dir = self.state_dir.join(claim);
+            if let Some(rec) = Self::read_record(&dir)
+                && rec.id() == id
+            {
+                return Some((dir, rec));
+            }
+        }
+        let entries = std::fs::read_dir(&self.state_dir).ok()?;
+        for e in entries.flatten() {
+            let dir = e.path();
+            if let Some(rec) = Self::read_record(&dir)
+                && rec.id() == id
+            {
+                self.remember(&rec);
+                return Some((dir, rec));
+            }
+        }
+        None
+    }
+
+    fn remember(&self, rec: &Record) {
+        self.index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(rec.id(), rec.claim.clone());
+    }
+
+    async fn provision_inner(&self, req: &ProvisionRequest) -> Result<Instance, ProviderError> {
+        let _one_at_a_time = self.provisioning.lock().await;
+        let dir = self.claim_dir(&req.claim)?;
+        if let Some(rec) = Self::read_record(&dir) {
+            self.remember(&rec);
+            return Ok(self.instance_of(&dir, &rec));
+        }
+        let mut argv: Vec<String> = req.command.clone();
+        argv.extend(req.args.iter().cloned());
+        if argv.is_empty() {
+            return Err(failed(
+                "provision",
+                format!(
+                    "pod {}/{} has no command: the process provider runs the first \
+                     container's command and args, not its image",
+                    req.namespace, req.pod_name
+                ),
+            ));
+        }
+        let working_dir = resolve_working_dir(&dir, req.working_dir.as_deref())?;
+        std::fs::create_dir_all(&working_dir)
+            .map_err(|e| failed("provision", format!("{}: {e}", working_dir.display())))?;
+        // A process started before a crash and not yet recorded: adopt it by its tag.
+        if let Some((pid, start_time)) = find_by_tag(&req.claim) {
+            let rec = Record {
+                claim: req.claim.clone(),
+                pid,
+                start_time,
+                namespace: req.namespace.clone(),
+                pod: req.pod_name.clone(),
+                env: req.env.clone(),
+                working_dir,
+            };
+            Self::write_record(&dir, &rec)?;
+            self.remember(&rec);
+            return Ok(self.instance_of(&dir, &rec));
+        }
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(OUTPUT))
+            .map_err(|e| failed("provision", format!("{}: {e}", dir.join(OUTPUT).display())))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| failed("provision", format!("duplicating the log handle: {e}")))?;
+        // The shell wrapper records the exit code next to the log, so the code survives a
+        // manager restart (the new manager is not the parent and cannot wait for it).
+        let script = r#""$@"; code=$?; printf '%s\n' "$code" > "$NEBULA_STATE/exit.tmp" && mv "$NEBULA_STATE/exit.tmp" "$NEBULA_STATE/exit"; exit $code"#;
+        let mut cmd = tokio::process::Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(script)
+            .arg("sh")
+            .args(&argv)
+            .env_clear()
+            .env(
+                "PATH",
+                std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()),
+            )
+            .envs(req.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env(CLAIM_ENV, &req.claim)
+            .env("NEBULA_STATE", &dir)
+            .current_dir(&working_dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .kill_on_drop(false);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| failed("provision", format!("starting {:?}: {e}", argv[0])))?;
+        let pid = child
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .ok_or_else(|| failed("provision", "the started process has no pid".into()))?;
+        let start_time = start_time(pid)
+            .ok_or_else(|| failed("provision", format!("reading /proc/{pid}/stat")))?;
+        // Reap it while this manager lives; a later manager is not its parent.
+        let exit_path = dir.join(EXIT);
+        tokio::spawn(async move {
+            if let Ok(status) = child.wait().await
+                && !exit_path.exists()
+            {
+                use std::os::unix::process::ExitStatusExt;
+                let code = status
+                    .code()
+                    .or_else(|| status.signal().map(|s| 128 + s))
+                    .unwrap_or(255);
+                let _ = std::fs::write(&exit_path, format!("{code}\n"));
+            }
+        });
+        crate::crash::at(&self.crash, CrashPoint::ProviderCreated).await;
+        let rec = Record {
+            claim: req.claim.clone(),
+            pid,
+            start_time,
+            namespace: req.namespace.clone(),
+            pod: req.pod_name.clone(),
+            env: req.env.clone(),
+            working_dir,
+        };
+        Self::write_record(&dir, &rec)?;
+        self.remember(&rec);
+        Ok(self.instance_of(&dir, &rec))
+    }
+
+    async fn terminate_inner(&self, id: &str) -> Result<(), ProviderError> {
+        let Some((dir, rec)) = self.lookup(id) else {
+            return Ok(());
+        };
+        if alive(rec.pid, rec.start_time) {
+            let group = Pid::from_raw(rec.pid);
+            let _ = killpg(group, Signal::SIGTERM);
+            let deadline = tokio::time::Instant::now() + TERM_GRACE;
+            while alive(rec.pid, rec.start_time) && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // Leave no group member behind (the leader, or a child that ignored SIGTERM).
+            // Only for a group verified ours: a stale record's PID may be someone else's.
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+        self.index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(failed(
+                "terminate",
+                format!("removing {}: {e}", dir.display()),
+            )),
+        }
+    }
+
+    fn list_inner(&self) -> Result<Vec<Instance>, ProviderError> {
+        let entries =
+            std::fs::read_dir(&self.state_dir).map_err(|e| ProviderError::Unreachable {
+                reason: format!("reading {}: {e}", self.state_dir.display()),
+            })?;
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let dir = e.path();
+            if let Some(rec) = Self::read_record(&dir) {
+                self.remember(&rec);
+                out.push(self.instance_of(&dir, &rec));
+            } else if let Some(claim) = dir.file_name().and_then(|n| n.to_str())
+                && let Some((pid, start_time)) = find_by_tag(claim)
+            {
+                // Spawned but never recorded (the manager died in between): still this
+                // provider's instance. Record it now so terminate and logs find it.
+                let rec = Record {
+                    claim: claim.to_string(),
+                    pid,
+                    start_time,
+                    namespace: String::new(),
+                    pod: String::new(),
+                    env: Vec::new(),
+                    working_dir: dir.join("root"),
+                };
+                Self::write_record(&dir, &rec).map_err(|e| ProviderError::Unreachable {
+                    reason: format!("recording adopted process {pid}: {e}"),
+                })?;
+                self.remember(&rec);
+                out.push(self.instance_of(&dir, &rec));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn failed(operation: &'static str, reason: String) -> ProviderError {
+    ProviderError::Failed { operation, reason }
+}
+
+/// `workingDir` of the container, re-rooted under the pod's directory.
+fn resolve_working_dir(dir: &Path, wd: Option<&str>) -> Result<PathBuf, ProviderError> {
+    let mut out = dir.join("root");
+    if let Some(wd) = wd {
+        for c in Path::new(wd).components() {
+            match c {
+                Component::Normal(part) => out.push(part),
+                Component::RootDir | Component::CurDir => {}
+                Component::ParentDir | Component::Prefix(_) => {
+                    return Err(failed(
+                        "provision",
+                        format!("workingDir {wd:?} climbs out of the pod's directory"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Field 22 (start time in clock ticks since boot) and field 3 (state) of /proc/<pid>/stat.
+fn stat_fields(pid: i32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let state = fields.first()?.chars().next()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((state, start))
+}
+
+fn start_time(pid: i32) -> Option<u64> {
+    stat_fields(pid).map(|(_, s)| s)
+}
+
+/// Whether `pid` is the very process recorded (same start time) and not a zombie.
+fn alive(pid: i32, recorded_start: u64) -> bool {
+    matches!(stat_fields(pid), Some((state, start)) if start == recorded_start && state != 'Z' && state != 'X')
+}
+
+/// A live process-group leader carrying `NEBULA_CLAIM=<claim>`.
+fn find_by_tag(claim: &str) -> Option<(i32, u64)> {
+    let needle = format!("{CLAIM_ENV}={claim}");
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if !environ.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
+            continue;
+        }
+        if nix::unistd::getpgid(Some(Pid::from_raw(pid))).ok() != Some(Pid::from_raw(pid)) {
+            continue;
+        }
+        if let Some((state, start)) = stat_fields(pid)
+            && state != 'Z'
+        {
+            return Some((pid, start));
+        }
+    }
+    None
+}
+
+impl Provider for ProcessProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Capabilities {
+            poll_interval: self.poll_interval,
+            capacity: [
+                ("cpu".to_string(), cpus.to_string()),
+                ("memory".to_string(), "8Gi".to_string()),
+                ("pods".to_string(), "110".to_string()),
+            ]
+            .into_iter()
+            .collect(),
+            capacity_types: vec!["on-demand".into()],
+        }
+    }
+
+    fn provision<'a>(
+        &'a self,
+        req: &'a ProvisionRequest,
+    ) -> BoxFuture<'a, Result<Instance, ProviderError>> {
+        self.provision_inner(req).boxed()
+    }
+
+    fn terminate<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.terminate_inner(instance_id).boxed()
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Instance>, ProviderError>> {
+        let result = self.list_inner();
+        async move { result }.boxed()
+    }
+
+    fn status<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Instance>, ProviderError>> {
+        let result = self
+            .lookup(instance_id)
+            .map(|(dir, rec)| self.instance_of(&dir, &rec));
+        async move { Ok(result) }.boxed()
+    }
+
+    fn health(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
+        let result = match std::fs::metadata(&self.state_dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(ProviderError::Unreachable {
+                reason: format!("{} is not a directory", self.state_dir.display()),
+            }),
+            Err(e) => Err(ProviderError::Unreachable {
+                reason: format!("{}: {e}", self.state_dir.display()),
+            }),
+        };
+        async move { result }.boxed()
+    }
+
+    fn log_streamer(&self) -> Option<&dyn LogStreamer> {
+        Some(self)
+    }
+
+    fn executor(&self) -> Option<&dyn Executor> {
+        Some(self)
+    }
+
+    fn port_forwarder(&self) -> Option<&dyn PortForwarder> {
+        Some(self)
+    }
+
+    fn stats(&self) -> Option<&dyn StatsSource> {
+        Some(self)
+    }
+}
+
+impl LogStreamer for ProcessProvider {
+    fn logs<'a>(
+        &'a self,
+        instance_id: &'a str,
+        opts: &'a LogOptions,
+    ) -> BoxFuture<'a, Result<ByteStream, ProviderError>> {
+        async move {
+            let (dir, rec) = self
+                .lookup(instance_id)
+                .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
+            let path = dir.join(OUTPUT);
+            let mut file = std::fs::File::open(&path)
+                .map_err(|e| failed("logs", format!("{}: {e}", path.display())))?;
+            let mut content = Vec::new();
+            file.read_to_end(&mut content)
+                .map_err(|e| failed("logs", format!("{}: {e}", path.display())))?;
+            let mut start = 0;
+            if let Some(n) = opts.tail_lines {
+                start = tail_start(&content, n);
+            }
+            let mut head = content.split_off(start);
+            if let Some(limit) = opts.limit_bytes {
+                head.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+            }
+            if !opts.follow {
+                return Ok(Box::pin(std::io::Cursor::new(head)) as ByteStream);
+            }
+            let (mut tx, rx) = tokio::io::duplex(64 * 1024);
+            let mut offset = file
+                .seek(SeekFrom::End(0))
+                .map_err(|e| failed("logs", format!("{}: {e}", path.display())))?;
+            tokio::spawn(async move {
+                if tx.write_all(&head).await.is_err() {
+                    return;
+                }
+                loop {
+                    let mut more = Vec::new();
+                    if let Ok(mut f) = std::fs::File::open(&path)
+                        && f.seek(SeekFrom::Start(offset)).is_ok()
+                    {
+                        let _ = f.read_to_end(&mut more);
+                    }
+                    if !more.is_empty() {
+                        offset += more.len() as u64;
+                        if tx.write_all(&more).await.is_err() {
+                            return;
+                        }
+                    } else if !alive(rec.pid, rec.start_time) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            });
+            Ok(Box::pin(rx) as ByteStream)
+        }
+        .boxed()
+    }
+}
+
+/// Byte offset where the last `n` lines of `content` start.
+fn tail_start(content: &[u8], n: u64) -> usize {
+    if n == 0 {
+        return content.len();
+    }
+    let mut seen = 0u64;
+    // A trailing newline ends the last line; it does not start an empty one.
+    let end = content
+        .len()
+        .saturating_sub(usize::from(content.last() == Some(&b'\n')));
+    for i in (0..end).rev() {
+        if content[i] == b'\n' {
+            seen += 1;
+            if seen == n {
+                return i + 1;
+            }
+        }
+    }
+    0
+}
+
+impl Executor for ProcessProvider {
+    fn exec<'a>(
+        &'a self,
+        instance_id: &'a str,
+        command: Vec<String>,
+        io: ExecIo,
+    ) -> BoxFuture<'a, Result<i32, ProviderError>> {
+        async move {
+            let (_dir, rec) = self
+                .lookup(instance_id)
+                .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
+            let Some((program, args)) = command.split_first() else {
+                return Err(failed("exec", "empty command".into()));
+            };
+            let mut child = tokio::process::Command::new(program)
+                .args(args)
+                .env_clear()
+                .env(
+                    "PATH",
+                    std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()),
+                )
+                .envs(rec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .env(CLAIM_ENV, format!("{}-exec", rec.claim))
+                .current_dir(&rec.working_dir)
+                .stdin(if io.stdin.is_some() {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .stdout(if io.stdout.is_some() {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .stderr(if io.stderr.is_some() {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| failed("exec", format!("starting {program:?}: {e}")))?;
+            let mut pumps = Vec::new();
+            if let (Some(mut from), Some(mut to)) = (io.stdin, child.stdin.take()) {
+                pumps.push(tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from, &mut to).await;
+                }));
+            }
+            if let (Some(mut to), Some(mut from)) = (io.stdout, child.stdout.take()) {
+                pumps.push(tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from, &mut to).await;
+                    let _ = to.shutdown().await;
+                }));
+            }
+            if let (Some(mut to), Some(mut from)) = (io.stderr, child.stderr.take()) {
+                pumps.push(tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from, &mut to).await;
+                    let _ = to.shutdown().await;
+                }));
+            }
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| failed("exec", format!("waiting for {program:?}: {e}")))?;
+            for p in pumps {
+                let _ = p.await;
+            }
+            use std::os::unix::process::ExitStatusExt;
+            Ok(status
+                .code()
+                .or_else(|| status.signal().map(|s| 128 + s))
+                .unwrap_or(255))
+        }
+        .boxed()
+    }
+}
+
+impl PortForwarder for ProcessProvider {
+    fn connect<'a>(
+        &'a self,
+        instance_id: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, Result<Pin<Box<dyn Duplex>>, ProviderError>> {
+        async move {
+            self.lookup(instance_id)
+                .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
+            let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .map_err(|e| {
+                    failed(
+                        "port-forward",
+                        format!("connecting to 127.0.0.1:{port}: {e}"),
+                    )
+                })?;
+            Ok(Box::pin(stream) as Pin<Box<dyn Duplex>>)
+        }
+        .boxed()
+    }
+}
+
+impl StatsSource for ProcessProvider {
+    fn stats<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<InstanceStats, ProviderError>> {
+        let result = (|| {
+            let (_, rec) = self
+                .lookup(instance_id)
+                .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", rec.pid))
+                .map_err(|e| failed("stats", format!("/proc/{}/stat: {e}", rec.pid)))?;
+            let rest = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
+            let f: Vec<&str> = rest.split(' ').collect();
+            let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            // utime + stime (fields 14, 15) in clock ticks of 10 ms on Linux's usual USER_HZ.
+            let cpu_nanos = (ticks(11) + ticks(12)).saturating_mul(10_000_000);
+            let rss_pages = ticks(21);
+            Ok(InstanceStats {
+                cpu_nanos,
+                memory_bytes: rss_pages.saturating_mul(4096),
+            })
+        })();
+        async move { result }.boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_counts_lines_from_the_end() {
+        let c = b"a\nb\nc\n";
+        assert_eq!(&c[tail_start(c, 1)..], b"c\n");
+        assert_eq!(&c[tail_start(c, 2)..], b"b\nc\n");
+        assert_eq!(&c[tail_start(c, 9)..], c);
+        assert_eq!(&c[tail_start(c, 0)..], b"");
+        assert_eq!(&b"x"[tail_start(b"x", 1)..], b"x");
+    }
+
+    #[test]
+    fn working_dir_stays_under_the_pod() {
+        let d = Path::new("/s/c");
+        assert_eq!(
+            resolve_working_dir(d, None).unwrap(),
+            Path::new("/s/c/root")
+        );
+        assert_eq!(
+            resolve_working_dir(d, Some("/app/x")).unwrap(),
+            Path::new("/s/c/root/app/x")
+        );
+        assert!(resolve_working_dir(d, Some("../../etc")).is_err());
+    }
+
+    #[test]
+    fn own_process_is_alive_and_a_wrong_start_time_is_not() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        let start = start_time(me).unwrap();
+        assert!(alive(me, start));
+        assert!(!alive(me, start + 1));
+    }
+}

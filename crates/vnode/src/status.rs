@@ -1,0 +1,398 @@
+//! Pure functions: what a pod's status and annotations should say for an instance state,
+//! and whether what the pod already says is the same (so steady state writes nothing).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+    ContainerStatus, Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use crate::provider::{Instance, InstanceState};
+
+/// Pod `status.reason` when the instance behind a pod disappeared.
+pub const REASON_VANISHED: &str = "InstanceVanished";
+/// Pod `status.reason` when the provider reports the instance failed.
+pub const REASON_PROVIDER_FAILED: &str = "ProviderFailed";
+/// Pod `status.reason` when provisioning failed for good.
+pub const REASON_PROVISION_FAILED: &str = "ProvisionFailed";
+
+/// What the pod should report. `None` instance = the instance vanished.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed<'a> {
+    /// The provider reports this instance.
+    Instance(&'a Instance),
+    /// The instance is gone although the pod was provisioned.
+    Vanished,
+    /// Provisioning failed for a reason retrying will not fix.
+    ProvisionFailed(&'a str),
+}
+
+/// The annotations the pod should carry for `instance` (instance id, endpoint).
+pub fn desired_annotations(instance: &Instance) -> BTreeMap<String, String> {
+    let mut a = BTreeMap::new();
+    a.insert(
+        keys::INSTANCE_ID_ANNOTATION.to_string(),
+        instance.id.clone(),
+    );
+    if let Some(ep) = &instance.endpoint {
+        a.insert(keys::ENDPOINT_ANNOTATION.to_string(), ep.clone());
+    }
+    a
+}
+
+/// A JSON merge patch of the pod's metadata setting the annotations of `instance`, carrying
+/// the resourceVersion it was computed from; `None` when the pod already has them.
+pub fn metadata_patch(pod: &Pod, instance: &Instance) -> Option<Value> {
+    let have = pod.metadata.annotations.clone().unwrap_or_default();
+    let want = desired_annotations(instance);
+    let stale_endpoint =
+        instance.endpoint.is_none() && have.contains_key(keys::ENDPOINT_ANNOTATION);
+    if want.iter().all(|(k, v)| have.get(k) == Some(v)) && !stale_endpoint {
+        return None;
+    }
+    let mut ann = serde_json::Map::new();
+    for (k, v) in want {
+        ann.insert(k, Value::String(v));
+    }
+    if stale_endpoint {
+        ann.insert(keys::ENDPOINT_ANNOTATION.to_string(), Value::Null);
+    }
+    Some(json!({"metadata": {
+        "resourceVersion": pod.metadata.resource_version,
+        "annotations": ann,
+    }}))
+}
+
+fn condition(type_: &str, ok: bool, now: &Time, old: Option<&PodStatus>) -> PodCondition {
+    let status = if ok { "True" } else { "False" };
+    // Keep the transition time when the condition did not change.
+    let last = old
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == type_))
+        .filter(|c| c.status == status)
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    PodCondition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        last_transition_time: Some(last),
+        ..PodCondition::default()
+    }
+}
+
+/// The status the pod should have for what was observed.
+pub fn desired_status(pod: &Pod, observed: &Observed<'_>, now: Timestamp) -> PodStatus {
+    let now = Time(now);
+    let old = pod.status.as_ref();
+    let container = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+        .unwrap_or_default();
+    let start_time = old
+        .and_then(|s| s.start_time.clone())
+        .unwrap_or_else(|| now.clone());
+    let (phase, reason, message, state, running) = match observed {
+        Observed::Instance(i) => match &i.state {
+            InstanceState::Pending => (
+                "Pending",
+                None,
+                None,
+                ContainerState {
+                    waiting: Some(ContainerStateWaiting {
+                        reason: Some("Provisioning".into()),
+                        message: None,
+                    }),
+                    ..ContainerState::default()
+                },
+                false,
+            ),
+            InstanceState::Running => {
+                let started = old
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .and_then(|cs| cs.first())
+                    .and_then(|c| c.state.as_ref())
+                    .and_then(|s| s.running.as_ref())
+                    .and_then(|r| r.started_at.clone())
+                    .or_else(|| {
+                        i.started_at
+                            .as_deref()
+                            .and_then(|s| s.parse::<Timestamp>().ok())
+                            .map(Time)
+                    })
+                    .unwrap_or_else(|| now.clone());
+                (
+                    "Running",
+                    None,
+                    None,
+                    ContainerState {
+                        running: Some(ContainerStateRunning {
+                            started_at: Some(started),
+                        }),
+                        ..ContainerState::default()
+                    },
+                    true,
+                )
+            }
+            InstanceState::Exited { code } => (
+                if *code == 0 { "Succeeded" } else { "Failed" },
+                None,
+                None,
+                terminated(
+                    *code,
+                    if *code == 0 { "Completed" } else { "Error" },
+                    None,
+                    &now,
+                    old,
+                ),
+                false,
+            ),
+            InstanceState::Failed { reason } => (
+                "Failed",
+                Some(REASON_PROVIDER_FAILED),
+                Some(reason.clone()),
+                terminated(137, REASON_PROVIDER_FAILED, Some(reason.clone()), &now, old),
+                false,
+            ),
+        },
+        Observed::Vanished => {
+            let msg = "the instance behind this pod no longer exists at the provider".to_string();
+            (
+                "Failed",
+                Some(REASON_VANISHED),
+                Some(msg.clone()),
+                terminated(137, REASON_VANISHED, Some(msg), &now, old),
+                false,
+            )
+        }
+        Observed::ProvisionFailed(why) => (
+            "Failed",
+            Some(REASON_PROVISION_FAILED),
+            Some(why.to_string()),
+            ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(REASON_PROVISION_FAILED.into()),
+                    message: Some(why.to_string()),
+                }),
+                ..ContainerState::default()
+            },
+            false,
+        ),
+    };
+    let ip = match observed {
+        Observed::Instance(i) if running => i.ip.clone(),
+        _ => None,
+    };
+    PodStatus {
+        phase: Some(phase.to_string()),
+        reason: reason.map(str::to_string),
+        message,
+        pod_ip: ip.clone(),
+        pod_ips: ip.map(|ip| vec![PodIP { ip }]),
+        start_time: Some(start_time),
+        conditions: Some(vec![
+            condition("PodScheduled", true, &now, old),
+            condition("Initialized", true, &now, old),
+            condition("ContainersReady", running, &now, old),
+            condition("Ready", running, &now, old),
+        ]),
+        container_statuses: Some(vec![ContainerStatus {
+            name: container.0,
+            image: container.1,
+            image_id: String::new(),
+            ready: running,
+            started: Some(running),
+            restart_count: 0,
+            state: Some(state),
+            ..ContainerStatus::default()
+        }]),
+        qos_class: old.and_then(|s| s.qos_class.clone()),
+        ..PodStatus::default()
+    }
+}
+
+fn terminated(
+    code: i32,
+    reason: &str,
+    message: Option<String>,
+    now: &Time,
+    old: Option<&PodStatus>,
+) -> ContainerState {
+    let finished = old
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.finished_at.clone())
+        .unwrap_or_else(|| now.clone());
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: code,
+            reason: Some(reason.to_string()),
+            message,
+            finished_at: Some(finished),
+            ..ContainerStateTerminated::default()
+        }),
+        ..ContainerState::default()
+    }
+}
+
+/// The parts of a status this crate owns, without timestamps: equal signatures mean no
+/// write is needed.
+pub fn signature(s: &PodStatus) -> Value {
+    let conds: BTreeMap<String, String> = s
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| (c.type_.clone(), c.status.clone()))
+        .collect();
+    let cs: Vec<Value> = s
+        .container_statuses
+        .iter()
+        .flatten()
+        .map(|c| {
+            let st = c.state.as_ref();
+            json!({
+                "name": c.name,
+                "ready": c.ready,
+                "waiting": st.and_then(|s| s.waiting.as_ref()).map(|w| &w.reason),
+                "running": st.is_some_and(|s| s.running.is_some()),
+                "exit": st.and_then(|s| s.terminated.as_ref()).map(|t| (t.exit_code, &t.reason)),
+            })
+        })
+        .collect();
+    json!({
+        "phase": s.phase, "reason": s.reason, "message": s.message, "podIP": s.pod_ip,
+        "conditions": conds, "containers": cs, "hasStart": s.start_time.is_some(),
+    })
+}
+
+/// A JSON merge patch for `pods/status` carrying the resourceVersion it was computed from;
+/// `None` when the pod already reports what `observed` says.
+pub fn status_patch(pod: &Pod, observed: &Observed<'_>, now: Timestamp) -> Option<Value> {
+    let want = desired_status(pod, observed, now);
+    let have = pod.status.clone().unwrap_or_default();
+    if signature(&want) == signature(&have) {
+        return None;
+    }
+    let mut status = serde_json::to_value(&want).ok()?;
+    // A merge patch only sets what it names: clear what the old status had and the new
+    // one does not.
+    if let Some(obj) = status.as_object_mut() {
+        for key in ["reason", "message", "podIP", "podIPs"] {
+            obj.entry(key).or_insert(Value::Null);
+        }
+    }
+    Some(json!({
+        "metadata": {"resourceVersion": pod.metadata.resource_version},
+        "status": status,
+    }))
+}
+
+/// Whether the pod has finished (Succeeded or Failed): nothing more happens to it.
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+
+    fn pod() -> Pod {
+        Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("ns".into()),
+                resource_version: Some("7".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "main".into(),
+                    image: Some("img".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Pending".into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn inst(state: InstanceState) -> Instance {
+        Instance {
+            id: "i-1".into(),
+            claim: "c".into(),
+            state,
+            endpoint: Some("h:22".into()),
+            ip: Some("10.0.0.9".into()),
+            started_at: None,
+        }
+    }
+
+    #[test]
+    fn applying_the_patch_makes_the_next_one_empty() {
+        let mut p = pod();
+        let i = inst(InstanceState::Running);
+        let now = Timestamp::now();
+        let patch = status_patch(&p, &Observed::Instance(&i), now).unwrap();
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        assert_eq!(patch["status"]["phase"], "Running");
+        assert_eq!(patch["status"]["podIP"], "10.0.0.9");
+        p.status = Some(desired_status(&p, &Observed::Instance(&i), now));
+        // Later, with a different clock: still nothing to write.
+        assert_eq!(
+            status_patch(&p, &Observed::Instance(&i), Timestamp::now()),
+            None
+        );
+    }
+
+    #[test]
+    fn metadata_first_then_nothing() {
+        let mut p = pod();
+        let i = inst(InstanceState::Running);
+        let patch = metadata_patch(&p, &i).unwrap();
+        assert_eq!(
+            patch["metadata"]["annotations"][keys::INSTANCE_ID_ANNOTATION],
+            "i-1"
+        );
+        assert_eq!(
+            patch["metadata"]["annotations"][keys::ENDPOINT_ANNOTATION],
+            "h:22"
+        );
+        p.metadata.annotations = Some(desired_annotations(&i));
+        assert_eq!(metadata_patch(&p, &i), None);
+    }
+
+    #[test]
+    fn exits_and_vanishing_are_terminal_phases() {
+        let p = pod();
+        let now = Timestamp::now();
+        let ok = desired_status(
+            &p,
+            &Observed::Instance(&inst(InstanceState::Exited { code: 0 })),
+            now,
+        );
+        assert_eq!(ok.phase.as_deref(), Some("Succeeded"));
+        let bad = desired_status(
+            &p,
+            &Observed::Instance(&inst(InstanceState::Exited { code: 3 })),
+            now,
+        );
+        assert_eq!(bad.phase.as_deref(), Some("Failed"));
+        let gone = desired_status(&p, &Observed::Vanished, now);
+        assert_eq!(gone.reason.as_deref(), Some(REASON_VANISHED));
+        assert_eq!(gone.pod_ip, None);
+    }
+}

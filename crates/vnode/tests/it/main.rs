@@ -1,0 +1,9 @@
+//! vnode component tests: the controllers against the API double over real HTTPS, with the
+//! in-memory provider and the process provider (real processes).
+
+mod common;
+mod crash;
+mod lifecycle;
+mod placement;
+mod process;
+mod readopt;
