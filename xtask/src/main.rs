@@ -202,6 +202,8 @@ fn mutants(only: Option<&str>, timeout: u64) -> anyhow::Result<()> {
     let mut failed = Vec::new();
     for (krate, files) in cores {
         let out_dir = format!("target/mutants/{krate}");
+        // cargo-mutants wants the output directory's parent to exist.
+        std::fs::create_dir_all(&out_dir).with_context(|| format!("cannot create {out_dir}"))?;
         let mut args = vec![
             "mutants",
             "--package",

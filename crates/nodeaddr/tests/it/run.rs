@@ -442,8 +442,10 @@ async fn require_tunnel_leaves_a_node_whose_tunnel_is_down() {
         .await
         .unwrap();
     let up_port = up.local_addr().unwrap().port();
+    // Bound on "up"'s address while "up" still holds its port, so the two ports differ
+    // (the same port on both would be a collision, not a tunnel down); dropped at once.
     let down_port = {
-        let l = std::net::TcpListener::bind((loopback_candidate("down"), 0)).unwrap();
+        let l = std::net::TcpListener::bind((loopback_candidate("up"), 0)).unwrap();
         l.local_addr().unwrap().port()
     };
     let mut r = Reconciler::new(server.client());
