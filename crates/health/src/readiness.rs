@@ -167,6 +167,14 @@ impl Conditions {
 mod tests {
     use super::*;
 
+    /// Operators grep logs for these words; a blank mode in "not ready" lines hides why.
+    #[test]
+    fn delivery_modes_log_by_name() {
+        assert_eq!(DeliveryMode::Unknown.to_string(), "unknown");
+        assert_eq!(DeliveryMode::Streaming.to_string(), "streaming");
+        assert_eq!(DeliveryMode::Polling.to_string(), "polling");
+    }
+
     fn all_good() -> Conditions {
         Conditions {
             registered: true,
