@@ -56,18 +56,6 @@ struct RunArgs {
     leader_elect: bool,
 }
 
-/// This replica's name in the leader Leases: the pod name in a cluster (`POD_NAME`),
-/// else `<hostname>-<pid>`.
-fn identity() -> String {
-    if let Ok(name) = std::env::var("POD_NAME")
-        && !name.is_empty()
-    {
-        return name;
-    }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!("{}-{}", host.trim(), std::process::id())
-}
-
 fn main() -> ExitCode {
     cmdline::install_crypto_provider();
     let cli = Cli::parse();
@@ -105,7 +93,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         admin_listen: args.admin_listen,
         pod_ip: std::env::var("POD_IP").ok().filter(|s| !s.is_empty()),
         leader_elect: args.leader_elect,
-        identity: identity(),
+        identity: daemon::default_identity(),
         lease_timings: None,
         crash_at,
     };

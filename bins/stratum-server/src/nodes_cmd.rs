@@ -172,20 +172,13 @@ async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
     kube::Client::try_from(config).context("cannot build the Kubernetes client")
 }
 
-/// Host name and pid: unique per process, readable in `kubectl get lease`.
-fn default_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown-host".into());
-    format!("{host}-{}", std::process::id())
-}
-
 async fn reconcile(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     let mut r = reconciler(&args.cluster).await?;
     r.interval = args.interval;
-    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(daemon::default_identity);
     r.reporter = Some(kube::runtime::events::Reporter {
         controller: nodeaddr::EVENT_CONTROLLER.into(),
         instance: Some(identity.clone()),

@@ -56,10 +56,10 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let listener = daemon::AdminServer::bind(&args.admin_listen).await?;
-    let identity = args.identity.clone().unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
-    });
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(daemon::default_identity);
     let shutdown = cmdline::shutdown_token();
     let election = daemon::LeaderElection::new(
         client.clone(),

@@ -137,6 +137,23 @@ impl LeaseConfig {
     }
 }
 
+/// This process's default holder identity: the pod name in a cluster (`POD_NAME`, set from
+/// a fieldRef), else `<host name>-<pid>`. Unique per process and readable in
+/// `kubectl get lease`.
+pub fn default_identity() -> String {
+    if let Ok(name) = std::env::var("POD_NAME")
+        && !name.is_empty()
+    {
+        return name;
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{host}-{}", std::process::id())
+}
+
 /// What this replica last learnt about the Lease.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeaseStatus {

@@ -15,4 +15,4 @@ pub mod admin;
 pub mod lease;
 
 pub use admin::{AdminServer, StatusFn};
-pub use lease::{LeaderElection, LeaderHandle, LeaseConfig, LeaseStatus};
+pub use lease::{LeaderElection, LeaderHandle, LeaseConfig, LeaseStatus, default_identity};
