@@ -263,32 +263,6 @@ fn summary(report: &PassReport) -> String {
     )
 }
 
-/// GET `{admin}/status` from a running reconciler's admin listener.
-async fn fetch_status(admin: &str) -> anyhow::Result<Status> {
-    let base = admin.trim_end_matches('/');
-    let url: http::Uri = format!("{base}/status")
-        .parse()
-        .with_context(|| format!("--admin {admin:?} is not a URL (e.g. http://127.0.0.1:9102)"))?;
-    if url.scheme_str() != Some("http") {
-        anyhow::bail!("--admin {admin:?}: the admin listener speaks plain http on loopback");
-    }
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Empty<bytes::Bytes>>();
-    let resp = tokio::time::timeout(Duration::from_secs(10), client.get(url.clone()))
-        .await
-        .with_context(|| format!("{url} did not answer within 10 s"))?
-        .with_context(|| format!("cannot reach {url} (is `nodes reconcile` running there?)"))?;
-    let code = resp.status();
-    let body = http_body_util::BodyExt::collect(resp.into_body())
-        .await
-        .with_context(|| format!("cannot read the answer of {url}"))?
-        .to_bytes();
-    if !code.is_success() {
-        anyhow::bail!("{url} answered {code}");
-    }
-    serde_json::from_slice(&body).with_context(|| format!("{url} did not answer a status snapshot"))
-}
-
 async fn diagnostics(args: DiagnosticsArgs) -> anyhow::Result<ExitCode> {
     let r = reconciler(&args.cluster).await?;
     let rows = r
@@ -298,9 +272,9 @@ async fn diagnostics(args: DiagnosticsArgs) -> anyhow::Result<ExitCode> {
         .context("cannot read Nodes")?;
     let liveness = match &args.admin {
         Some(admin) => Some(
-            fetch_status(admin)
+            daemon::admin::fetch_status::<Status>(admin, Duration::from_secs(10))
                 .await
-                .context("cannot read the reconciler's status")?,
+                .context("cannot read the reconciler's status (--admin)")?,
         ),
         None => None,
     };

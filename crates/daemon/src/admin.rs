@@ -58,6 +58,102 @@ pub enum Error {
     },
 }
 
+/// Reading another daemon's `/status` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The admin address is not an `http://` URL.
+    #[error(
+        "{given:?} is not an admin URL: give the plain http address of the admin listener, e.g. http://127.0.0.1:9102"
+    )]
+    BadUrl {
+        /// What was given.
+        given: String,
+    },
+    /// Nothing answered in time.
+    #[error("{url} did not answer within {seconds} s")]
+    Timeout {
+        /// The URL asked.
+        url: String,
+        /// The time allowed.
+        seconds: u64,
+    },
+    /// The connection or the request failed.
+    #[error("cannot reach {url}: is the daemon running there?")]
+    Unreachable {
+        /// The URL asked.
+        url: String,
+        /// The client error.
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    /// The answer's body could not be read.
+    #[error("cannot read the answer of {url}")]
+    Read {
+        /// The URL asked.
+        url: String,
+        /// The body error.
+        #[source]
+        source: hyper::Error,
+    },
+    /// The daemon answered with an error status.
+    #[error("{url} answered {code}")]
+    Status {
+        /// The URL asked.
+        url: String,
+        /// The HTTP status.
+        code: StatusCode,
+    },
+    /// The answer is not the expected JSON snapshot.
+    #[error("{url} did not answer a status snapshot")]
+    Decode {
+        /// The URL asked.
+        url: String,
+        /// The decoding error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// GETs `{admin}/status` from a running daemon's admin listener and decodes it.
+pub async fn fetch_status<T: serde::de::DeserializeOwned>(
+    admin: &str,
+    timeout: Duration,
+) -> Result<T, FetchError> {
+    let base = admin.trim_end_matches('/');
+    let url: hyper::Uri = format!("{base}/status")
+        .parse()
+        .ok()
+        .filter(|u: &hyper::Uri| u.scheme_str() == Some("http"))
+        .ok_or_else(|| FetchError::BadUrl {
+            given: admin.to_string(),
+        })?;
+    let shown = url.to_string();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<Bytes>>();
+    let resp = tokio::time::timeout(timeout, client.get(url))
+        .await
+        .map_err(|_| FetchError::Timeout {
+            url: shown.clone(),
+            seconds: timeout.as_secs(),
+        })?
+        .map_err(|source| FetchError::Unreachable {
+            url: shown.clone(),
+            source,
+        })?;
+    let code = resp.status();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .map_err(|source| FetchError::Read {
+            url: shown.clone(),
+            source,
+        })?
+        .to_bytes();
+    if !code.is_success() {
+        return Err(FetchError::Status { url: shown, code });
+    }
+    serde_json::from_slice(&body).map_err(|source| FetchError::Decode { url: shown, source })
+}
+
 /// Most connections served at once; more are closed at accept.
 const MAX_CONNECTIONS: usize = 64;
 /// A client must send its request head within this time.
