@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::Node;
 
-pub use keys::{RUNTIME_LABEL, RUNTIME_VIRTUAL};
+pub use common::keys::{RUNTIME_LABEL, RUNTIME_VIRTUAL};
 /// Annotation in which k3s records the arguments a node was started with, as a JSON array
 /// of strings (`--flag=value` split into two elements, secret values blanked).
 pub const NODE_ARGS_ANNOTATION: &str = "k3s.io/node-args";

@@ -106,7 +106,7 @@ pub fn provision_request(pod: &Pod) -> Option<ProvisionRequest> {
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(keys::CAPACITY_TYPE_ANNOTATION).cloned()),
+            .and_then(|a| a.get(common::keys::CAPACITY_TYPE_ANNOTATION).cloned()),
     })
 }
 

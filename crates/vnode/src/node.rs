@@ -74,7 +74,7 @@ fn ready_condition(healthy: bool, reason_msg: &str, now: &Time) -> NodeCondition
 
 /// The Node object for `provider` (pure).
 pub fn desired_node(provider: &dyn Provider, advert: &NodeAdvert, healthy: bool) -> Node {
-    let name = keys::virtual_node_name(provider.name());
+    let name = common::keys::virtual_node_name(provider.name());
     let caps = provider.capabilities();
     let capacity: BTreeMap<String, Quantity> = caps
         .capacity
@@ -82,8 +82,11 @@ pub fn desired_node(provider: &dyn Provider, advert: &NodeAdvert, healthy: bool)
         .map(|(k, v)| (k.clone(), Quantity(v.clone())))
         .collect();
     let labels: BTreeMap<String, String> = [
-        (keys::RUNTIME_LABEL, keys::RUNTIME_VIRTUAL.to_string()),
-        (keys::PROVIDER_LABEL, provider.name().to_string()),
+        (
+            common::keys::RUNTIME_LABEL,
+            common::keys::RUNTIME_VIRTUAL.to_string(),
+        ),
+        (common::keys::PROVIDER_LABEL, provider.name().to_string()),
         ("kubernetes.io/role", "agent".to_string()),
         ("kubernetes.io/hostname", name.clone()),
         ("type", "virtual-kubelet".to_string()),
@@ -100,7 +103,7 @@ pub fn desired_node(provider: &dyn Provider, advert: &NodeAdvert, healthy: bool)
         },
         spec: Some(NodeSpec {
             taints: Some(vec![Taint {
-                key: keys::PROVIDER_TAINT.into(),
+                key: common::keys::PROVIDER_TAINT.into(),
                 value: Some(provider.name().to_string()),
                 effect: "NoSchedule".into(),
                 time_added: None,
@@ -195,7 +198,7 @@ pub async fn run_node(
     advert: NodeAdvert,
     cancel: CancellationToken,
 ) -> Result<(), NodeError> {
-    let name = keys::virtual_node_name(provider.name());
+    let name = common::keys::virtual_node_name(provider.name());
     let nodes: Api<Node> = Api::all(client.clone());
     let leases: Api<Lease> = Api::namespaced(client, NODE_LEASE_NAMESPACE);
     let mut tick = tokio::time::interval(NODE_RENEW_PERIOD);

@@ -56,7 +56,7 @@ pub fn candidates_of(pod: &Pod, known: &[Candidate]) -> Vec<String> {
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(keys::PROVIDERS_ANNOTATION))
+        .and_then(|a| a.get(common::keys::PROVIDERS_ANNOTATION))
     {
         Some(list) => list
             .split(',')
@@ -108,7 +108,7 @@ pub fn placement_patch(pod: &Pod, provider: &str, capacity_type: &str) -> Value 
         .scheduling_gates
         .iter()
         .flatten()
-        .filter(|g| g.name != keys::PLACEMENT_GATE)
+        .filter(|g| g.name != common::keys::PLACEMENT_GATE)
         .map(|g| json!({"name": g.name}))
         .collect();
     let mut tolerations: Vec<Value> = spec
@@ -118,16 +118,16 @@ pub fn placement_patch(pod: &Pod, provider: &str, capacity_type: &str) -> Value 
         .filter_map(|t| serde_json::to_value(t).ok())
         .collect();
     tolerations.push(json!({
-        "key": keys::PROVIDER_TAINT, "operator": "Equal", "value": provider, "effect": "NoSchedule",
+        "key": common::keys::PROVIDER_TAINT, "operator": "Equal", "value": provider, "effect": "NoSchedule",
     }));
     json!({
         "metadata": {
             "resourceVersion": pod.metadata.resource_version,
-            "annotations": {keys::CAPACITY_TYPE_ANNOTATION: capacity_type},
+            "annotations": {common::keys::CAPACITY_TYPE_ANNOTATION: capacity_type},
         },
         "spec": {
             "schedulingGates": gates,
-            "nodeSelector": {keys::PROVIDER_LABEL: provider},
+            "nodeSelector": {common::keys::PROVIDER_LABEL: provider},
             "tolerations": tolerations,
         },
     })
@@ -137,7 +137,7 @@ fn has_gate(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| g.iter().any(|g| g.name == keys::PLACEMENT_GATE))
+        .is_some_and(|g| g.iter().any(|g| g.name == common::keys::PLACEMENT_GATE))
 }
 
 fn no_candidate_condition_set(pod: &Pod, message: &str) -> bool {
@@ -251,13 +251,18 @@ mod tests {
         let mut p = Pod::default();
         p.metadata.resource_version = Some("5".into());
         if let Some(c) = candidates {
-            p.metadata.annotations =
-                Some([(keys::PROVIDERS_ANNOTATION.to_string(), c.to_string())].into());
+            p.metadata.annotations = Some(
+                [(
+                    common::keys::PROVIDERS_ANNOTATION.to_string(),
+                    c.to_string(),
+                )]
+                .into(),
+            );
         }
         p.spec = Some(PodSpec {
             scheduling_gates: Some(vec![
                 PodSchedulingGate {
-                    name: keys::PLACEMENT_GATE.into(),
+                    name: common::keys::PLACEMENT_GATE.into(),
                 },
                 PodSchedulingGate {
                     name: "other".into(),
@@ -321,10 +326,13 @@ mod tests {
         let p = gated(None);
         let patch = placement_patch(&p, "a", "spot");
         assert_eq!(patch["spec"]["schedulingGates"], json!([{"name": "other"}]));
-        assert_eq!(patch["spec"]["nodeSelector"][keys::PROVIDER_LABEL], "a");
+        assert_eq!(
+            patch["spec"]["nodeSelector"][common::keys::PROVIDER_LABEL],
+            "a"
+        );
         assert_eq!(patch["spec"]["tolerations"][0]["value"], "a");
         assert_eq!(
-            patch["metadata"]["annotations"][keys::CAPACITY_TYPE_ANNOTATION],
+            patch["metadata"]["annotations"][common::keys::CAPACITY_TYPE_ANNOTATION],
             "spot"
         );
         assert_eq!(patch["metadata"]["resourceVersion"], "5");

@@ -89,7 +89,7 @@ pub async fn run_pods(
     cancel: CancellationToken,
 ) {
     let provider = handler.provider().clone();
-    let node = keys::virtual_node_name(provider.name());
+    let node = common::keys::virtual_node_name(provider.name());
     let poll = provider.capabilities().poll_interval;
     let api: Api<Pod> = Api::all(client.clone());
     let (store, writer) = reflector::store();
@@ -195,9 +195,9 @@ fn prune(pod: &mut Pod) {
     meta.creation_timestamp = None;
     if let Some(a) = meta.annotations.as_mut() {
         a.retain(|k, _| {
-            k == keys::INSTANCE_ID_ANNOTATION
-                || k == keys::ENDPOINT_ANNOTATION
-                || k == keys::CAPACITY_TYPE_ANNOTATION
+            k == common::keys::INSTANCE_ID_ANNOTATION
+                || k == common::keys::ENDPOINT_ANNOTATION
+                || k == common::keys::CAPACITY_TYPE_ANNOTATION
         });
     }
     if let Some(spec) = pod.spec.as_mut() {
@@ -288,7 +288,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<(), SyncError> {
                 .metadata
                 .annotations
                 .as_ref()
-                .is_some_and(|a| a.contains_key(keys::INSTANCE_ID_ANNOTATION));
+                .is_some_and(|a| a.contains_key(common::keys::INSTANCE_ID_ANNOTATION));
             if had_instance {
                 warn!(
                     "the pod's instance no longer exists at the provider: marking the pod Failed"
@@ -424,21 +424,21 @@ async fn regate(ctx: &Ctx, pruned: &Pod) -> Result<(), SyncError> {
     let mut spec = pod.spec.clone().unwrap_or_default();
     spec.node_name = None;
     if let Some(sel) = spec.node_selector.as_mut() {
-        sel.remove(keys::PROVIDER_LABEL);
+        sel.remove(common::keys::PROVIDER_LABEL);
     }
     if let Some(tol) = spec.tolerations.as_mut() {
-        tol.retain(|t: &Toleration| t.key.as_deref() != Some(keys::PROVIDER_TAINT));
+        tol.retain(|t: &Toleration| t.key.as_deref() != Some(common::keys::PROVIDER_TAINT));
     }
     let gates = spec.scheduling_gates.get_or_insert_with(Vec::new);
-    if !gates.iter().any(|g| g.name == keys::PLACEMENT_GATE) {
+    if !gates.iter().any(|g| g.name == common::keys::PLACEMENT_GATE) {
         gates.push(k8s_openapi::api::core::v1::PodSchedulingGate {
-            name: keys::PLACEMENT_GATE.into(),
+            name: common::keys::PLACEMENT_GATE.into(),
         });
     }
     let mut annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    annotations.remove(keys::CAPACITY_TYPE_ANNOTATION);
-    annotations.remove(keys::INSTANCE_ID_ANNOTATION);
-    annotations.remove(keys::ENDPOINT_ANNOTATION);
+    annotations.remove(common::keys::CAPACITY_TYPE_ANNOTATION);
+    annotations.remove(common::keys::INSTANCE_ID_ANNOTATION);
+    annotations.remove(common::keys::ENDPOINT_ANNOTATION);
     let replacement = Pod {
         metadata: ObjectMeta {
             name: pod.metadata.name.clone(),

@@ -35,11 +35,11 @@ pub enum Observed<'a> {
 pub fn desired_annotations(instance: &Instance) -> BTreeMap<String, String> {
     let mut a = BTreeMap::new();
     a.insert(
-        keys::INSTANCE_ID_ANNOTATION.to_string(),
+        common::keys::INSTANCE_ID_ANNOTATION.to_string(),
         instance.id.clone(),
     );
     if let Some(ep) = &instance.endpoint {
-        a.insert(keys::ENDPOINT_ANNOTATION.to_string(), ep.clone());
+        a.insert(common::keys::ENDPOINT_ANNOTATION.to_string(), ep.clone());
     }
     a
 }
@@ -50,7 +50,7 @@ pub fn metadata_patch(pod: &Pod, instance: &Instance) -> Option<Value> {
     let have = pod.metadata.annotations.clone().unwrap_or_default();
     let want = desired_annotations(instance);
     let stale_endpoint =
-        instance.endpoint.is_none() && have.contains_key(keys::ENDPOINT_ANNOTATION);
+        instance.endpoint.is_none() && have.contains_key(common::keys::ENDPOINT_ANNOTATION);
     if want.iter().all(|(k, v)| have.get(k) == Some(v)) && !stale_endpoint {
         return None;
     }
@@ -59,7 +59,7 @@ pub fn metadata_patch(pod: &Pod, instance: &Instance) -> Option<Value> {
         ann.insert(k, Value::String(v));
     }
     if stale_endpoint {
-        ann.insert(keys::ENDPOINT_ANNOTATION.to_string(), Value::Null);
+        ann.insert(common::keys::ENDPOINT_ANNOTATION.to_string(), Value::Null);
     }
     Some(json!({"metadata": {
         "resourceVersion": pod.metadata.resource_version,
@@ -364,11 +364,11 @@ mod tests {
         let i = inst(InstanceState::Running);
         let patch = metadata_patch(&p, &i).unwrap();
         assert_eq!(
-            patch["metadata"]["annotations"][keys::INSTANCE_ID_ANNOTATION],
+            patch["metadata"]["annotations"][common::keys::INSTANCE_ID_ANNOTATION],
             "i-1"
         );
         assert_eq!(
-            patch["metadata"]["annotations"][keys::ENDPOINT_ANNOTATION],
+            patch["metadata"]["annotations"][common::keys::ENDPOINT_ANNOTATION],
             "h:22"
         );
         p.metadata.annotations = Some(desired_annotations(&i));

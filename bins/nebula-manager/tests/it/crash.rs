@@ -145,7 +145,7 @@ pub(crate) async fn running(pods: &Api<Pod>, name: &str) -> anyhow::Result<Pod> 
                 && p.metadata
                     .annotations
                     .as_ref()
-                    .is_some_and(|a| a.contains_key(keys::INSTANCE_ID_ANNOTATION))
+                    .is_some_and(|a| a.contains_key(::common::keys::INSTANCE_ID_ANNOTATION))
         }))
     })
     .await

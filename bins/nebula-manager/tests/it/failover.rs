@@ -39,7 +39,8 @@ async fn standby_takes_over_and_readopts_without_creating_or_terminating() -> an
         let a = pods.create(&PostParams::default(), &pod("a")).await?;
         claims.push(vnode::claim_name(&a).unwrap());
         let a = running(&pods, "a").await?;
-        let id = a.metadata.annotations.clone().unwrap_or_default()[keys::INSTANCE_ID_ANNOTATION]
+        let id = a.metadata.annotations.clone().unwrap_or_default()
+            [::common::keys::INSTANCE_ID_ANNOTATION]
             .clone();
         assert_eq!(tagged_processes().get(&claims[0]).map(Vec::len), Some(1));
 
@@ -59,7 +60,7 @@ async fn standby_takes_over_and_readopts_without_creating_or_terminating() -> an
         running(&pods, "b").await?;
         let a2 = pods.get("a").await?;
         assert_eq!(
-            a2.metadata.annotations.unwrap_or_default()[keys::INSTANCE_ID_ANNOTATION],
+            a2.metadata.annotations.unwrap_or_default()[::common::keys::INSTANCE_ID_ANNOTATION],
             id,
             "a kept its process across the failover"
         );

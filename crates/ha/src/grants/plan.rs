@@ -23,9 +23,9 @@ pub const GRANT_ENTRY_PREFIX: &str = "certs-";
 /// The entry proving which at-rest encryption config the newest bundle carries.
 pub const PROOF_ENTRY: &str = "key-proof";
 /// The generation of the newest publication.
-pub use keys::GENERATION_ANNOTATION;
+pub use common::keys::GENERATION_ANNOTATION;
 /// When the certificate-key of the legacy entry was last set (RFC 3339).
-pub use keys::KEY_SET_AT_ANNOTATION;
+pub use common::keys::KEY_SET_AT_ANNOTATION;
 /// kube-apiserver refuses a Secret whose data values add up to more than this.
 pub const SECRET_SIZE_LIMIT: usize = 1024 * 1024;
 /// What the grant Secret's data may add up to: the API limit less 128 KiB, so the legacy

@@ -147,7 +147,8 @@ pub async fn wait_running(api: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {
     wait_for(&format!("pod {name} Running"), || async {
         let p = api.get_opt(name).await?;
         Ok(p.filter(|p| {
-            phase(p) == Some("Running") && annotation(p, keys::INSTANCE_ID_ANNOTATION).is_some()
+            phase(p) == Some("Running")
+                && annotation(p, ::common::keys::INSTANCE_ID_ANNOTATION).is_some()
         }))
     })
     .await

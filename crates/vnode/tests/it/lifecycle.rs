@@ -33,11 +33,15 @@ async fn memory_pod_is_provisioned_running_annotated_and_terminated_on_delete() 
     let node = wait_for("node", || async { Ok(nodes.get_opt("nebula-mem").await?) }).await?;
     let labels = node.metadata.labels.clone().unwrap_or_default();
     assert_eq!(
-        labels.get(keys::RUNTIME_LABEL).map(String::as_str),
-        Some(keys::RUNTIME_VIRTUAL)
+        labels
+            .get(::common::keys::RUNTIME_LABEL)
+            .map(String::as_str),
+        Some(::common::keys::RUNTIME_VIRTUAL)
     );
     assert_eq!(
-        labels.get(keys::PROVIDER_LABEL).map(String::as_str),
+        labels
+            .get(::common::keys::PROVIDER_LABEL)
+            .map(String::as_str),
         Some("mem")
     );
     let taint = &node
@@ -48,7 +52,7 @@ async fn memory_pod_is_provisioned_running_annotated_and_terminated_on_delete() 
         .unwrap_or_default()[0];
     assert_eq!(
         (taint.key.as_str(), taint.effect.as_str()),
-        (keys::PROVIDER_TAINT, "NoSchedule")
+        (::common::keys::PROVIDER_TAINT, "NoSchedule")
     );
     let status = node.status.clone().unwrap_or_default();
     assert_eq!(status.addresses.unwrap_or_default()[0].address, "127.0.0.1");
@@ -73,11 +77,11 @@ async fn memory_pod_is_provisioned_running_annotated_and_terminated_on_delete() 
     let instances = provider.instances();
     assert_eq!(instances.len(), 1);
     assert_eq!(
-        annotation(&p, keys::INSTANCE_ID_ANNOTATION),
+        annotation(&p, ::common::keys::INSTANCE_ID_ANNOTATION),
         Some(instances[0].id.as_str())
     );
     assert_eq!(
-        annotation(&p, keys::ENDPOINT_ANNOTATION),
+        annotation(&p, ::common::keys::ENDPOINT_ANNOTATION),
         instances[0].endpoint.as_deref()
     );
     assert_eq!(Some(instances[0].claim.clone()), vnode::claim_name(&p));
@@ -239,7 +243,7 @@ async fn process_pod_runs_a_real_process_with_logs_and_is_killed_on_delete() -> 
     c.working_dir = Some("/app".into());
     create(&pods, &p).await?;
     let p = wait_running(&pods, "job").await?;
-    let id = annotation(&p, keys::INSTANCE_ID_ANNOTATION)
+    let id = annotation(&p, ::common::keys::INSTANCE_ID_ANNOTATION)
         .unwrap()
         .to_string();
     let pid: i32 = id.split('-').next().unwrap().parse()?;

@@ -19,9 +19,9 @@ fn gated(name: &str, candidates: &str) -> Pod {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default",
-            "annotations": {keys::PROVIDERS_ANNOTATION: candidates}},
+            "annotations": {::common::keys::PROVIDERS_ANNOTATION: candidates}},
         "spec": {
-            "schedulingGates": [{"name": keys::PLACEMENT_GATE}],
+            "schedulingGates": [{"name": ::common::keys::PLACEMENT_GATE}],
             "containers": [{"name": "main", "image": "busybox", "command": ["x"]}],
         },
     }))
@@ -99,12 +99,12 @@ async fn gated_pod_is_placed_scheduled_and_provisioned_on_the_first_candidate() 
     assert_eq!(
         spec.node_selector
             .unwrap()
-            .get(keys::PROVIDER_LABEL)
+            .get(::common::keys::PROVIDER_LABEL)
             .map(String::as_str),
         Some("b")
     );
     assert_eq!(
-        annotation(&p, keys::CAPACITY_TYPE_ANNOTATION),
+        annotation(&p, ::common::keys::CAPACITY_TYPE_ANNOTATION),
         Some("on-demand")
     );
     assert_eq!(s.b.instances().len(), 1);
@@ -140,7 +140,7 @@ async fn refused_pod_fails_over_to_the_next_candidate() -> anyhow::Result<()> {
         1,
         "one refusal, then the blocklist keeps placement away"
     );
-    assert!(annotation(&p, keys::INSTANCE_ID_ANNOTATION).is_some());
+    assert!(annotation(&p, ::common::keys::INSTANCE_ID_ANNOTATION).is_some());
     Ok(())
 }
 

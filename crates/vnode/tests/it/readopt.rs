@@ -78,8 +78,8 @@ async fn unreachable_provider_during_readoption_neither_creates_nor_terminates()
     .await?;
     let a2 = pods.get("a").await?;
     assert_eq!(
-        annotation(&a2, keys::INSTANCE_ID_ANNOTATION),
-        annotation(&a, keys::INSTANCE_ID_ANNOTATION),
+        annotation(&a2, ::common::keys::INSTANCE_ID_ANNOTATION),
+        annotation(&a, ::common::keys::INSTANCE_ID_ANNOTATION),
         "a kept its instance"
     );
     assert_eq!(provider.calls.created.load(Ordering::Relaxed), 2);
@@ -111,7 +111,7 @@ async fn recreated_pod_with_the_same_name_is_a_new_claim() -> anyhow::Result<()>
         Ok(pods.get_opt("web").await?.filter(|p| {
             p.metadata.uid != old.metadata.uid
                 && phase(p) == Some("Running")
-                && annotation(p, keys::INSTANCE_ID_ANNOTATION).is_some()
+                && annotation(p, ::common::keys::INSTANCE_ID_ANNOTATION).is_some()
         }))
     })
     .await?;
@@ -123,8 +123,8 @@ async fn recreated_pod_with_the_same_name_is_a_new_claim() -> anyhow::Result<()>
     })
     .await?;
     assert_ne!(
-        annotation(&new, keys::INSTANCE_ID_ANNOTATION),
-        annotation(&old, keys::INSTANCE_ID_ANNOTATION)
+        annotation(&new, ::common::keys::INSTANCE_ID_ANNOTATION),
+        annotation(&old, ::common::keys::INSTANCE_ID_ANNOTATION)
     );
     assert_eq!(provider.calls.created.load(Ordering::Relaxed), 2);
     assert_eq!(provider.calls.terminated.load(Ordering::Relaxed), 1);
