@@ -230,11 +230,6 @@ pub fn plan(table: &[MountEntry], prefixes: &[PathBuf], scope: Scope) -> Vec<Pla
     picked.into_iter().map(|(_, _, p)| p).collect()
 }
 
-/// Whether any mount in `table` is at `path` or below it.
-pub fn has_mount_at_or_below(table: &[MountEntry], path: &Path) -> bool {
-    table.iter().any(|m| is_at_or_below(&m.mount_point, path))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +296,21 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn depth_counts_path_components_not_bytes() {
+        // A long shallow mount point and a short deep one: the deep one goes first, which
+        // a depth by length would get backwards (found by cargo-mutants).
+        let text = "\
+22 1 0:21 / / rw - ext4 /dev/vda rw
+40 22 0:30 / /k/a-very-long-volume-name rw - tmpfs t rw
+41 22 0:31 / /k/b/c/d rw - tmpfs t rw
+";
+        let table = parse(text.as_bytes(), Path::new("t")).unwrap();
+        let plan = plan(&table, &[PathBuf::from("/k")], Scope::AtOrBelow);
+        let ids: Vec<_> = plan.iter().map(|p| p.mount_id).collect();
+        assert_eq!(ids, [41, 40]);
     }
 
     #[test]
