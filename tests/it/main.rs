@@ -1,2 +1,3 @@
 //! End-to-end tests: the binaries driven by real clients.
+mod deploy;
 mod nodeaddr;

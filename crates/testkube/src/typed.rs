@@ -97,6 +97,25 @@ fn unknown_fields(input: &Value, typed: &Value, path: &str, out: &mut Vec<String
     }
 }
 
+/// Checks a manifest document offline against the schema its `k8s-openapi` type carries,
+/// as `kubectl apply --validate=strict` would have the server do: the kind must be one
+/// this double decodes through a type (anything else is an error, never a pass), values
+/// must have their types, and no field may be unknown.
+pub fn validate_strict(obj: &Value) -> Result<(), String> {
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let res = crate::resources::find_kind(api_version, kind)
+        .ok_or_else(|| format!("{api_version} {kind} is not a kind the API double serves"))?;
+    if through_type(res, obj).is_none() {
+        return Err(format!(
+            "{api_version} {kind} has no typed decoder here: add it to typed::through_type"
+        ));
+    }
+    decode(res, obj.clone(), FieldValidation::Strict)
+        .map(|_| ())
+        .map_err(|e| e.message)
+}
+
 /// Decodes `obj` as its kind's type. Returns the object as stored (unknown fields
 /// dropped, Secret `stringData` merged into `data`) and the warnings to send.
 pub fn decode(

@@ -1,0 +1,185 @@
+//! The deploy manifests and units in `docs/deploy/`: every Kubernetes document is valid
+//! against the schema its `k8s-openapi` type carries (offline, strict: an unknown or
+//! mistyped field fails), kubectl applies every manifest to the API double, and every
+//! systemd unit passes `systemd-analyze verify` with the flags its `ExecStart` passes known
+//! to the binary it starts.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail, ensure};
+use serde_json::Value;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy")
+}
+
+/// Files in `dir` whose name ends with `ext`, sorted; at least one.
+fn files(dir: &Path, ext: &str) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == ext) {
+            out.push(path);
+        }
+    }
+    out.sort();
+    ensure!(!out.is_empty(), "no *.{ext} files in {}", dir.display());
+    Ok(out)
+}
+
+fn documents(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v: Value = serde::Deserialize::deserialize(doc)
+            .with_context(|| format!("{} is not YAML", path.display()))?;
+        if !v.is_null() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+fn tool(name: &str, package: &str) -> anyhow::Result<PathBuf> {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()?;
+    if !out.status.success() {
+        bail!("{name} is not on PATH: install {package} to run this test");
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+#[test]
+fn every_manifest_is_valid_against_the_openapi_types() -> anyhow::Result<()> {
+    let mut checked = 0;
+    for path in files(&deploy_dir(), "yaml")? {
+        for doc in documents(&path)? {
+            let what = format!(
+                "{} {}/{} in {}",
+                doc["kind"].as_str().unwrap_or("?"),
+                doc["metadata"]["namespace"].as_str().unwrap_or(""),
+                doc["metadata"]["name"].as_str().unwrap_or("?"),
+                path.display()
+            );
+            testkube::typed::validate_strict(&doc).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+            checked += 1;
+        }
+    }
+    // The nebula-manager manifest alone holds 9 documents.
+    ensure!(checked >= 9, "only {checked} documents checked");
+    Ok(())
+}
+
+#[test]
+fn the_validator_refuses_an_unknown_field_and_an_unknown_kind() {
+    let typo = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "x"},
+        "spec": {"replica": 2, "selector": {}, "template": {}},
+    });
+    let err = testkube::typed::validate_strict(&typo).unwrap_err();
+    assert!(err.contains("spec.replica"), "{err}");
+    let unknown = serde_json::json!({"apiVersion": "example.com/v1", "kind": "Widget"});
+    assert!(testkube::typed::validate_strict(&unknown).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_every_manifest() -> anyhow::Result<()> {
+    let kubectl = tool("kubectl", "kubectl (1.27-1.33)")?;
+    let server = testkube::ApiServer::start().await?;
+    for path in files(&deploy_dir(), "yaml")? {
+        // Async: the API double serves from this test's runtime.
+        let out = tokio::process::Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(server.kubeconfig_path())
+            .args(["apply", "--validate=strict", "-f"])
+            .arg(&path)
+            .output()
+            .await?;
+        ensure!(
+            out.status.success(),
+            "kubectl apply -f {} failed: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Every document is there afterwards, as applied.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let applied = stdout.lines().filter(|l| l.contains(" created")).count();
+        ensure!(
+            applied == documents(&path)?.len(),
+            "{}: kubectl reported {applied} created objects: {stdout}",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The `ExecStart=` command of a unit: binary name and arguments.
+fn exec_start(unit: &str) -> anyhow::Result<(String, Vec<String>)> {
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .context("no ExecStart= line")?;
+    let mut words = line.split_whitespace().map(str::to_string);
+    let bin = words.next().context("empty ExecStart=")?;
+    let name = bin
+        .strip_prefix("/usr/local/bin/")
+        .with_context(|| format!("ExecStart= runs {bin}, not a binary in /usr/local/bin"))?;
+    Ok((name.to_string(), words.collect()))
+}
+
+#[test]
+fn every_unit_verifies_and_passes_only_flags_its_binary_has() -> anyhow::Result<()> {
+    let analyze = tool("systemd-analyze", "systemd")?;
+    let scratch = tempfile::tempdir()?;
+    for path in files(&deploy_dir().join("systemd"), "service")? {
+        let text = std::fs::read_to_string(&path)?;
+        let (name, args) = exec_start(&text).with_context(|| path.display().to_string())?;
+        let binary = e2e::binary(&name);
+        // The subcommand's --help lists every flag the unit may pass.
+        let sub: Vec<&str> = args
+            .iter()
+            .take_while(|a| !a.starts_with('-'))
+            .map(String::as_str)
+            .collect();
+        let help = Command::new(&binary).args(&sub).arg("--help").output()?;
+        ensure!(
+            help.status.success(),
+            "{name} {sub:?} --help failed: the unit's subcommand does not exist"
+        );
+        let help = String::from_utf8_lossy(&help.stdout);
+        for flag in args.iter().filter(|a| a.starts_with("--")) {
+            let flag = flag.split('=').next().unwrap_or(flag);
+            ensure!(
+                help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+                "{}: {name} {} has no flag {flag}",
+                path.display(),
+                sub.join(" ")
+            );
+        }
+        // systemd-analyze checks that the executable exists: point it at the built one.
+        let local = scratch
+            .path()
+            .join(path.file_name().context("a unit file name")?);
+        let rewritten = text.replace(
+            &format!("/usr/local/bin/{name}"),
+            &binary.display().to_string(),
+        );
+        std::fs::write(&local, rewritten)?;
+        let out = Command::new(&analyze).arg("verify").arg(&local).output()?;
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Unknown keys are only warnings to systemd: any output is a failure here.
+        ensure!(
+            out.status.success() && said.trim().is_empty(),
+            "systemd-analyze verify {}: {said}",
+            path.display()
+        );
+    }
+    Ok(())
+}
