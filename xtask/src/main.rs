@@ -1,6 +1,7 @@
 //! `cargo xtask`: project automation that would otherwise live in shell scripts.
 //!
-//! - `cargo xtask ci`: everything CI checks (format, clippy with `-D warnings`, every test).
+//! - `cargo xtask ci`: everything CI checks (format, clippy with `-D warnings`, unused
+//!   dependencies, every test).
 //! - `cargo xtask bench <name>`: one benchmark (a `harness = false` bench target owned by
 //!   the crate it measures); each prints its figures as ratios against a baseline measured
 //!   in the same run. Figures are recorded by hand in `docs/benchmarks.md`.
@@ -331,6 +332,7 @@ fn ci() -> anyhow::Result<()> {
         "-D",
         "warnings",
     ])?;
+    unused_dependencies()?;
     // nextest does not run doctests; run them first so the run closes on nextest's summary.
     cargo(&["test", "--workspace", "--locked", "--doc"])?;
     // The end-to-end tests run the binaries; they never build them (see tests/lib.rs).
@@ -352,6 +354,25 @@ fn ci() -> anyhow::Result<()> {
         "ci",
         "--no-fail-fast",
     ])
+}
+
+/// Fails on a dependency no crate uses (cargo-machete: a dependency whose crate name never
+/// appears in the crate's sources), so an unused one cannot creep back into a build.
+fn unused_dependencies() -> anyhow::Result<()> {
+    let installed = Command::new("cargo")
+        .args(["machete", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        bail!(
+            "cargo-machete is missing: install it with `cargo install cargo-machete --locked` \
+             (.ci/run does)"
+        );
+    }
+    cargo(&["machete"]).context(
+        "unused dependencies: remove them from the Cargo.toml files named above, or list a \
+         false positive under [package.metadata.cargo-machete] ignored",
+    )
 }
 
 fn cargo(args: &[&str]) -> anyhow::Result<()> {
