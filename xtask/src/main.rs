@@ -4,11 +4,15 @@
 //!   dependencies, every test).
 //! - `cargo xtask bench <name>`: one benchmark (a `harness = false` bench target owned by
 //!   the crate it measures); each prints its figures as ratios against a baseline measured
-//!   in the same run. Figures are recorded by hand in `docs/benchmarks.md`.
+//!   in the same run. Figures are recorded by hand in `docs/benchmarks/`.
+//! - `cargo xtask sandbox [--once]`: the whole system on one machine and a guided tour
+//!   (docs/sandbox.md).
 //! - `cargo xtask fuzz [target] [--seconds N]`: each fuzz target under fuzz/ briefly
 //!   (nightly and cargo-fuzz; see docs/fuzzing.md).
 //! - `cargo xtask mutants [crate]`: cargo-mutants over the pure cores (see docs/testing.md);
 //!   too slow for CI, run by hand and recorded.
+
+mod sandbox;
 
 use std::process::{Command, ExitCode};
 
@@ -42,6 +46,10 @@ enum Task {
         /// One target (see `cargo fuzz list` in fuzz/); all of them when omitted.
         target: Option<String>,
     },
+    /// The whole system on this machine (root): API double, three controllers with real
+    /// etcd, the node-address reconciler, two workers in network namespaces with ssh
+    /// tunnels, nebula-manager; then a guided tour with kubectl. See docs/sandbox.md.
+    Sandbox(sandbox::Args),
     /// Mutation testing of the pure cores with cargo-mutants (installed if missing).
     Mutants {
         /// One crate (see --list); every pure core when omitted.
@@ -144,7 +152,15 @@ const BENCHES: &[(&str, &str, &str, &str)] = &[
 ];
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    // The sandbox chooses its own exit code (the tour's verdict).
+    if let Task::Sandbox(args) = cli.command {
+        return sandbox::run(args).unwrap_or_else(|err| {
+            eprintln!("xtask sandbox: {err:#}");
+            ExitCode::FAILURE
+        });
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("xtask: {err:#}");
@@ -156,6 +172,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Task::Ci => ci(),
+        Task::Sandbox(_) => unreachable!("handled in main"),
         Task::Bench { list: true, .. } | Task::Bench { name: None, .. } => {
             for (name, _, _, what) in BENCHES {
                 println!("{name:<12} {what}");

@@ -41,6 +41,7 @@ pub mod resources;
 pub mod scheduler;
 pub mod selector;
 pub mod server;
+pub mod standalone;
 pub mod status;
 pub mod store;
 pub mod strategy;

@@ -51,6 +51,22 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         pki_dir: Option<PathBuf>,
     },
+    /// Play a worker's kubelet: register the Node, serve the stub kubelet routes (logs,
+    /// exec, port-forward echo) and renew the Ready heartbeat until Ctrl-C or SIGTERM.
+    Kubelet {
+        /// The Node's name.
+        #[arg(long)]
+        node: String,
+        /// Kubelet API address; its port is the Node's daemon endpoint.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Kubeconfig to register the Node with.
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// The Node's InternalIP (default: the listen address's IP).
+        #[arg(long)]
+        internal_ip: Option<std::net::IpAddr>,
+    },
 }
 
 #[tokio::main]
@@ -103,5 +119,49 @@ async fn main() -> ExitCode {
             server.shutdown().await;
             ExitCode::SUCCESS
         }
+        Command::Kubelet {
+            node,
+            listen,
+            kubeconfig,
+            internal_ip,
+        } => match kubelet(node, listen, kubeconfig, internal_ip).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("testkube kubelet: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+async fn kubelet(
+    node: String,
+    listen: SocketAddr,
+    kubeconfig: PathBuf,
+    internal_ip: Option<std::net::IpAddr>,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig)
+        .with_context(|| format!("reading kubeconfig {}", kubeconfig.display()))?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .with_context(|| format!("loading kubeconfig {}", kubeconfig.display()))?;
+    let client = kube::Client::try_from(config)?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        on_signal.cancel();
+    });
+    let opts = testkube::standalone::KubeletOptions {
+        node,
+        listen,
+        internal_ip,
+    };
+    testkube::standalone::serve_kubelet(client, opts, stop).await
 }
