@@ -4,6 +4,10 @@
 //!
 //! Libraries never call into this crate; it is only for composition roots.
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 use clap::{Args, ValueEnum};
 use tokio_util::sync::CancellationToken;
 

@@ -6,4 +6,8 @@
 //! - [`keys`]: every label, annotation, taint, scheduling gate and well-known object name
 //!   the project writes into Kubernetes objects, under the one domain `outpost.dhnt.io/`.
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 pub mod keys;

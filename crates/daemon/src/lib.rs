@@ -11,6 +11,10 @@
 //! kubert's `lease` and `admin` modules are the model; kubert itself is pinned to an older
 //! kube, and its lease uses server-side apply, which the project does not rely on.
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 pub mod admin;
 pub mod lease;
 

@@ -9,6 +9,10 @@
 //! the first controller publishes), [`nodestate`] (what a node persists) and
 //! [`operator`] (grant pruning and certificate-key age).
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 pub mod admins;
 pub mod assembly;
 pub mod bootstrap;

@@ -27,6 +27,10 @@
 //! - [`lock`]: one `node` command at a time, the holder named.
 //! - [`Hooks`]: the seams a node exposes to tests; the zero value is the real host.
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 use std::path::{Path, PathBuf};
 
 pub mod backend;

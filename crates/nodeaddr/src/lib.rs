@@ -52,6 +52,10 @@
 //!
 //! Operations: `docs/nodeaddr.md`.
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 mod derive;
 mod plan;
 mod reconciler;

@@ -27,6 +27,10 @@
 //! the aws-lc backend, and this workspace builds on ring. Kubernetes accepts ECDSA for
 //! every role here, including the service-account key (tokens are then ES256).
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 mod ca;
 mod check;
 mod kubeconfig;

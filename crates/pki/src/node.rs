@@ -153,11 +153,12 @@ pub fn issue_node_leaves(
     ];
     let mut out = Vec::new();
     for (prefix, ca_prefix, spec) in node.leaf_specs() {
-        let ca = &cas
-            .iter()
-            .find(|(p, _)| *p == ca_prefix)
-            .expect("every leaf names one of the three CAs")
-            .1;
+        let Some((_, ca)) = cas.iter().find(|(p, _)| *p == ca_prefix) else {
+            return Err(PkiError::Invalid {
+                what: format!("leaf {prefix}"),
+                reason: format!("names {ca_prefix}, which is none of the three CAs"),
+            });
+        };
         let issued = ca.issue(&spec)?;
         out.push((format!("{prefix}.crt"), issued.cert_pem.into_bytes()));
         out.push((format!("{prefix}.key"), issued.key_pem.into_bytes()));

@@ -30,6 +30,10 @@
 //! Not built here: the kubelet API server (logs/exec/port-forward routes), which plugs the
 //! optional capability traits in.
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 mod blocklist;
 mod claim;
 pub mod crash;
