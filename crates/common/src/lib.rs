@@ -5,9 +5,18 @@
 //!
 //! - [`keys`]: every label, annotation, taint, scheduling gate and well-known object name
 //!   the project writes into Kubernetes objects, under the one domain `outpost.dhnt.io/`.
+//! - [`token`]: the bootstrap-token format, one type for every crate that parses tokens.
+//! - [`fsutil`]: the one atomic file writer (unique temporary, `O_NOFOLLOW`, mode set at
+//!   creation, fsync of the file and its directory).
+//! - [`errors`]: the error-chain formatter for errors whose `Display` leaves the source out.
 
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
+pub mod errors;
+pub mod fsutil;
 pub mod keys;
+pub mod token;
+
+pub use errors::error_chain;

@@ -11,7 +11,6 @@
 //! [`create_token`] (mint it), [`token_state`] (live, expired or gone, pure) and
 //! [`token_from_kubeconfig`] (which token a bootstrap kubeconfig carries).
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,12 +19,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
-use rand::Rng as _;
 
 /// Namespace of every bootstrap token Secret.
 pub const TOKEN_NAMESPACE: &str = "kube-system";
-/// Name prefix of a bootstrap token Secret; the token id follows.
-pub const TOKEN_SECRET_PREFIX: &str = "bootstrap-token-";
 /// Secret type the bootstrap authenticator looks for.
 pub const TOKEN_SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
 /// The group every token joins as: the one kubeadm's node bootstrap RBAC names.
@@ -34,116 +30,11 @@ pub const WORKER_GROUP: &str = "system:bootstrappers:kubeadm:default-node-token"
 /// Secret.
 pub const CONTROL_PLANE_GROUP: &str = "system:bootstrappers:stratum:control-plane";
 
-const ID_LEN: usize = 6;
-const SECRET_LEN: usize = 16;
-const ALPHABET: &[u8; 36] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 const GROUP_PREFIX: &str = "system:bootstrappers:";
 
-/// A bootstrap token, `<id>.<secret>`. Its `Display` is the whole token (what a join
-/// command carries); its `Debug` hides the secret half.
-#[derive(Clone, PartialEq, Eq)]
-pub struct BootstrapToken {
-    id: String,
-    secret: String,
-}
-
-impl BootstrapToken {
-    /// A fresh token from a CSPRNG (rand's thread RNG, seeded from the OS), each character
-    /// drawn uniformly from `[a-z0-9]`.
-    pub fn generate() -> BootstrapToken {
-        let mut rng = rand::rng();
-        let mut draw = |len: usize| -> String {
-            (0..len)
-                .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-                .collect()
-        };
-        let id = draw(ID_LEN);
-        let secret = draw(SECRET_LEN);
-        BootstrapToken { id, secret }
-    }
-
-    /// Parses `<id>.<secret>`, explaining what is wrong with a malformed one.
-    pub fn parse(text: &str) -> Result<BootstrapToken, TokenError> {
-        let text = text.trim();
-        let malformed = |reason: String| TokenError::Malformed { reason };
-        let Some((id, secret)) = text.split_once('.') else {
-            return Err(malformed(
-                "it has no '.' between the 6-character id and the 16-character secret".into(),
-            ));
-        };
-        check_part(id, ID_LEN, "id").map_err(malformed)?;
-        check_part(secret, SECRET_LEN, "secret").map_err(malformed)?;
-        // Neither error above quotes a character of the secret half.
-        Ok(BootstrapToken {
-            id: id.to_string(),
-            secret: secret.to_string(),
-        })
-    }
-
-    /// The public half, which names the Secret and the grant entry.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The private half.
-    pub fn secret(&self) -> &str {
-        &self.secret
-    }
-
-    /// `bootstrap-token-<id>`.
-    pub fn secret_name(&self) -> String {
-        token_secret_name(&self.id)
-    }
-}
-
-fn check_part(part: &str, len: usize, what: &str) -> Result<(), String> {
-    if part.len() != len {
-        return Err(format!(
-            "the {what} is {} characters long, it must be {len}",
-            part.chars().count()
-        ));
-    }
-    if let Some((at, c)) = part
-        .chars()
-        .enumerate()
-        .find(|(_, c)| !(c.is_ascii_lowercase() || c.is_ascii_digit()))
-    {
-        // The id is public; the secret half is not, so not even one character of it is
-        // quoted, only where the offending one sits.
-        return Err(if what == "id" {
-            format!("the {what} contains {c:?}; only lowercase letters and digits are allowed")
-        } else {
-            format!(
-                "the {what} has a character other than a lowercase letter or a digit at \
-                 position {} (not shown: it is secret)",
-                at + 1
-            )
-        });
-    }
-    Ok(())
-}
-
-/// Whether `id` is a well-formed token id (`[a-z0-9]{6}`).
-pub fn is_token_id(id: &str) -> bool {
-    check_part(id, ID_LEN, "id").is_ok()
-}
-
-impl fmt::Display for BootstrapToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.id, self.secret)
-    }
-}
-
-impl fmt::Debug for BootstrapToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "BootstrapToken({}.<redacted>)", self.id)
-    }
-}
-
-/// `bootstrap-token-<id>`.
-pub fn token_secret_name(id: &str) -> String {
-    format!("{TOKEN_SECRET_PREFIX}{id}")
-}
+pub use common::token::{
+    BootstrapToken, MalformedToken, TOKEN_SECRET_PREFIX, is_token_id, token_secret_name,
+};
 
 /// Which kind of node a token joins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -581,14 +472,8 @@ struct MiniUser {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     /// Not `[a-z0-9]{6}.[a-z0-9]{16}`.
-    #[error(
-        "not a bootstrap token: {reason} (expected <6 chars>.<16 chars> of a-z and 0-9, as \
-         `stratum-server token create` prints)"
-    )]
-    Malformed {
-        /// What is wrong with it.
-        reason: String,
-    },
+    #[error(transparent)]
+    Malformed(#[from] MalformedToken),
     /// A group the bootstrap authenticator would ignore.
     #[error("bootstrap token group {group:?} is invalid: {reason}")]
     InvalidGroup {

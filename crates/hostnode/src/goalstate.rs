@@ -637,12 +637,8 @@ fn redact_values(message: &str) -> String {
 }
 
 fn valid_token(token: &str) -> bool {
-    let ok = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    };
-    matches!(token.split_once('.'), Some((id, secret)) if ok(id, 6) && ok(secret, 16))
+    // Untrimmed: whitespace around a token in a config is an error here, not ignored.
+    token.trim() == token && common::token::BootstrapToken::parse(token).is_ok()
 }
 
 /// Resolves the goal state of `slot` from a configuration. Pure.

@@ -143,16 +143,7 @@ pub fn or_default<'a>(value: &'a str, default: &'a str) -> &'a str {
 
 /// Renders an error with its chain of sources, `: `-separated (errors in this crate
 /// keep their cause out of their own message, as `anyhow`'s `{:#}` expects).
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use common::error_chain;
 
 /// A boxed, sendable future: the return type of the async trait methods in this crate.
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;

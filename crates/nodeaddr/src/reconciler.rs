@@ -139,16 +139,7 @@ impl Error {
 }
 
 /// An error and its causes on one line (`a: b: c`), for logs and the liveness snapshot.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        cur = e.source();
-    }
-    out
-}
+pub use common::error_chain;
 
 /// Counts from one pass.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

@@ -36,10 +36,7 @@ mod check;
 mod kubeconfig;
 mod node;
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
@@ -179,54 +176,14 @@ pub(crate) fn pem_to_der(pem: &[u8], what: &str) -> Result<Vec<u8>, PkiError> {
     Ok(block.contents)
 }
 
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 /// Writes `bytes` to `path` so that a reader sees either the old file or the whole new
 /// one, never a torn write, and the new one survives a power cut: a temporary file in the
 /// same directory (created with `mode`, so a key is never readable by others even
 /// briefly), fsync, rename over `path`, fsync of the directory. Missing parent
-/// directories are created (0755).
+/// directories are created (0755). The writer is `common::fsutil::write_atomic`.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), PkiError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir).map_err(|e| PkiError::io("create directory", &dir, e))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| PkiError::Invalid {
-            what: path.display().to_string(),
-            reason: "not a file path".into(),
-        })?
-        .to_string_lossy()
-        .into_owned();
-    let tmp = dir.join(format!(
-        ".{name}.tmp.{}.{}",
-        std::process::id(),
-        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(|e| PkiError::io("create", &tmp, e))?;
-        // The umask may have narrowed the mode; set it exactly.
-        f.set_permissions(std::fs::Permissions::from_mode(mode))
-            .map_err(|e| PkiError::io("chmod", &tmp, e))?;
-        f.write_all(bytes)
-            .map_err(|e| PkiError::io("write", &tmp, e))?;
-        f.sync_all().map_err(|e| PkiError::io("fsync", &tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| PkiError::io("rename", path, e))?;
-        let d = std::fs::File::open(&dir).map_err(|e| PkiError::io("open directory", &dir, e))?;
-        d.sync_all()
-            .map_err(|e| PkiError::io("fsync directory", &dir, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    common::fsutil::write_atomic(path, bytes, mode, None)
+        .map_err(|e| PkiError::io(e.op, &e.path, e.source))
 }
 
 /// Refuses, before anything is written, when any of `rels` under `dir` is an existing

@@ -72,12 +72,5 @@ pub use runner::Runner;
 
 /// `err` and its sources, joined with ": " (for logs).
 pub(crate) fn chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut src = err.source();
-    while let Some(s) = src {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        src = s.source();
-    }
-    out
+    common::error_chain(err)
 }

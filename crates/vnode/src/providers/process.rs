@@ -153,11 +153,8 @@ impl ProcessProvider {
 
     fn write_record(dir: &Path, rec: &Record) -> Result<(), ProviderError> {
         let bytes = serde_json::to_vec(rec).map_err(|e| failed("provision", e.to_string()))?;
-        let tmp = dir.join(".instance.json.tmp");
-        std::fs::write(&tmp, bytes)
-            .map_err(|e| failed("provision", format!("{}: {e}", tmp.display())))?;
-        std::fs::rename(&tmp, dir.join(RECORD))
-            .map_err(|e| failed("provision", format!("{}: {e}", dir.join(RECORD).display())))
+        common::fsutil::write_atomic(&dir.join(RECORD), &bytes, 0o600, None)
+            .map_err(|e| failed("provision", common::error_chain(&e)))
     }
 
     fn instance_of(&self, dir: &Path, rec: &Record) -> Instance {

@@ -1,0 +1,218 @@
+//! The one atomic file writer.
+//!
+//! A file is replaced by writing a temporary file beside it under a unique name, syncing
+//! it, renaming it over the target and syncing the directory: after a crash the target
+//! holds either the old bytes or the new ones, never a torn mix, and a reader never sees a
+//! partial file. The directory is opened once and every step is relative to that
+//! descriptor; the temporary file is created `O_EXCL | O_NOFOLLOW` with its final mode (a
+//! key is never readable by others, not even briefly), so nothing planted at either name,
+//! and no directory swapped between the steps, redirects the write.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::fs::{AtFlags, Mode, OFlags};
+
+/// A file operation failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} {}", path.display())]
+pub struct FsError {
+    /// What was being done (`write`, `rename into place`, `sync directory`, ...).
+    pub op: &'static str,
+    /// The path it was done to.
+    pub path: PathBuf,
+    /// Why it failed.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// A `map_err` adapter: `std::fs::read(p).map_err(fs_err("read", p))`.
+pub fn fs_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> FsError {
+    let path = path.to_path_buf();
+    move |source| FsError { op, path, source }
+}
+
+fn errno(op: &'static str, path: &Path) -> impl FnOnce(rustix::io::Errno) -> FsError {
+    let path = path.to_path_buf();
+    move |e| FsError {
+        op,
+        path,
+        source: std::io::Error::from(e),
+    }
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh temporary name for replacing `name`: hidden, in the same directory (so the
+/// rename is atomic), unique per process and call (so two writers never share one).
+fn temp_name(name: &std::ffi::OsStr) -> String {
+    format!(
+        ".{}.{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Replaces `path` with `contents` atomically, with permission bits `mode` and, when
+/// given, owner `(uid, gid)`. Missing parent directories are created (mode 0755). On
+/// failure the temporary file is removed and the target is untouched.
+pub fn write_atomic(
+    path: &Path,
+    contents: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> Result<(), FsError> {
+    let Some(name) = path.file_name() else {
+        return Err(FsError {
+            op: "write",
+            path: path.to_path_buf(),
+            source: std::io::Error::other("not a file name"),
+        });
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(fs_err("create directory", dir))?;
+    let dir_fd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(errno("open directory", dir))?;
+    let tmp_name = temp_name(name);
+    let tmp = dir.join(&tmp_name);
+    let written = (|| {
+        let fd = rustix::fs::openat(
+            &dir_fd,
+            tmp_name.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode & 0o777),
+        )
+        .map_err(errno("create", &tmp))?;
+        let mut file = File::from(fd);
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+                .map_err(fs_err("chown", &tmp))?;
+        }
+        // Exactly `mode`: the umask may have narrowed it, and a chown clears set-id bits.
+        file.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(fs_err("chmod", &tmp))?;
+        file.write_all(contents).map_err(fs_err("write", &tmp))?;
+        file.sync_all().map_err(fs_err("sync", &tmp))?;
+        rustix::fs::renameat(&dir_fd, tmp_name.as_str(), &dir_fd, name)
+            .map_err(errno("rename into place", path))
+    })();
+    if written.is_err() {
+        let _ = rustix::fs::unlinkat(&dir_fd, tmp_name.as_str(), AtFlags::empty());
+        return written;
+    }
+    rustix::fs::fsync(&dir_fd).map_err(errno("sync directory", dir))
+}
+
+/// Removes `path` if it exists (not a directory) and syncs its directory. Returns whether
+/// there was something to remove.
+pub fn remove_file_synced(path: &Path) -> Result<bool, FsError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {
+            sync_dir(path.parent().unwrap_or(Path::new("/")))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(fs_err("remove", path)(e)),
+    }
+}
+
+/// fsyncs a directory so that renames and unlinks in it survive a crash.
+pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(fs_err("sync directory", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn leftovers(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect()
+    }
+
+    #[test]
+    fn writes_with_the_mode_and_replaces_by_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/config.yaml");
+        write_atomic(&path, b"one", 0o640, None).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o640);
+        let before = std::fs::metadata(&path).unwrap().ino();
+        write_atomic(&path, b"two", 0o600, None).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let after = std::fs::metadata(&path).unwrap();
+        assert_eq!(after.mode() & 0o7777, 0o600);
+        // A new inode: the file was replaced, not rewritten in place.
+        assert_ne!(after.ino(), before);
+        assert!(leftovers(path.parent().unwrap()).is_empty());
+    }
+
+    #[test]
+    fn never_writes_through_a_symlink_at_the_target_and_leaves_it_alone_on_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let path = dir.path().join("link");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        // The rename replaces the link itself; the file it pointed at is untouched.
+        write_atomic(&path, b"new", 0o600, None).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert!(
+            !std::fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        // A target that cannot be replaced (a directory): an error, no temporary left.
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(sub.join("f"), b"x").unwrap();
+        assert!(write_atomic(&sub, b"y", 0o600, None).is_err());
+        assert!(leftovers(dir.path()).is_empty());
+        assert_eq!(std::fs::read(sub.join("f")).unwrap(), b"x");
+    }
+
+    #[test]
+    fn concurrent_writers_use_distinct_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shared");
+        std::thread::scope(|s| {
+            for i in 0..8u8 {
+                let path = &path;
+                s.spawn(move || write_atomic(path, &[i; 4096], 0o600, None).unwrap());
+            }
+        });
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), 4096);
+        assert!(
+            bytes.iter().all(|b| *b == bytes[0]),
+            "a torn mix of writers"
+        );
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn removal_reports_whether_there_was_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        assert!(remove_file_synced(&path).unwrap());
+        assert!(!remove_file_synced(&path).unwrap());
+    }
+}
