@@ -264,6 +264,7 @@ fn print_status(status: &NodeStatus, output: Output) -> anyhow::Result<ExitCode>
                 "units": status.units.iter().map(|(u, s)| serde_json::json!({"unit": u, "state": s})).collect::<Vec<_>>(),
                 "localDNS": ns.local_dns.as_ref().map(|d| d.listener_addrs().iter().map(ToString::to_string).collect::<Vec<_>>()),
                 "leftoverSnapshot": status.leftover_snapshot.as_ref().map(|p| p.display().to_string()),
+                "kubelet": status.kubelet,
             });
             println!("{}", serde_json::to_string_pretty(&value)?);
         }
@@ -282,6 +283,38 @@ fn print_status(status: &NodeStatus, output: Output) -> anyhow::Result<ExitCode>
             for (unit, state) in &status.units {
                 println!("unit:     {unit} {state}");
             }
+            let k = &status.kubelet;
+            println!(
+                "kubelet:  port {} (derived from the node name in {}; configuration file: {})",
+                k.port,
+                k.port_range,
+                k.configured_port
+                    .map_or("no port yet".into(), |p| p.to_string())
+            );
+            println!(
+                "command:  {} drop-in {} ({}){}",
+                k.unit,
+                k.drop_in.display(),
+                match k.drop_in_state {
+                    lifecycle::DropInState::Current => "current",
+                    lifecycle::DropInState::Stale => "stale: `node up` rewrites it",
+                    lifecycle::DropInState::Missing =>
+                        "missing: the unit runs its own command line",
+                },
+                match &k.systemd {
+                    None => "; systemd did not say what it runs".to_string(),
+                    Some(u) if u.exec_start_from_drop_in => format!(
+                        "; systemd runs it (unit {})",
+                        u.fragment_path.as_deref().unwrap_or("?")
+                    ),
+                    Some(u) => format!(
+                        "; systemd runs something else: {} (unit {}, drop-ins {})",
+                        u.exec_start.as_deref().unwrap_or("no ExecStart"),
+                        u.fragment_path.as_deref().unwrap_or("?"),
+                        u.drop_in_paths.join(" ")
+                    ),
+                }
+            );
             if let Some(dns) = &ns.local_dns {
                 let addrs: Vec<String> = dns
                     .listener_addrs()

@@ -74,12 +74,7 @@ pub fn default_shared_paths() -> Vec<String> {
 /// `port` set to the node's derived port (and `kind`/`apiVersion` filled in when the
 /// configuration leaves them out, so the file is one the kubelet accepts).
 pub fn kubelet_config(ns: &NodeStart) -> serde_yaml::Value {
-    let mut map = ns
-        .kubelet
-        .config
-        .as_mapping()
-        .cloned()
-        .unwrap_or_default();
+    let mut map = ns.kubelet.config.as_mapping().cloned().unwrap_or_default();
     for (key, value) in [
         ("kind", "KubeletConfiguration"),
         ("apiVersion", "kubelet.config.k8s.io/v1beta1"),
@@ -386,7 +381,10 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), DROP_IN_LINES, "{text}");
         assert_eq!(lines[1], "[Service]");
-        assert_eq!(lines[3], "ExecStart=", "the unit's own command line is reset");
+        assert_eq!(
+            lines[3], "ExecStart=",
+            "the unit's own command line is reset"
+        );
         let exec = lines[4].strip_prefix("ExecStart=").unwrap();
         assert!(!text.contains("Environment"), "{text}");
         assert_eq!(systemd_words(exec), kubelet_argv(&ns));

@@ -1091,7 +1091,10 @@ slots:
             "  extraArgs: [--node-labels=pool=edge]\n  portRange: {base: 30000, slots: 1}",
         );
         let c = AgentConfig::parse(&narrow, Path::new("a")).unwrap();
-        assert_eq!(resolve_machine(&c, "").unwrap().node_start.kubelet_port, 30000);
+        assert_eq!(
+            resolve_machine(&c, "").unwrap().node_start.kubelet_port,
+            30000
+        );
         for (from, to, field, says) in [
             (
                 "clusterDNS:",

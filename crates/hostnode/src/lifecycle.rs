@@ -400,6 +400,58 @@ pub struct NodeStatus {
     pub running: bool,
     /// A snapshot an interrupted upgrade left (the next upgrade restores it).
     pub leftover_snapshot: Option<PathBuf>,
+    /// The kubelet's port and where its unit's command line comes from.
+    pub kubelet: KubeletStatus,
+}
+
+/// The kubelet's serving port and the origin of its command line, as `node status`
+/// shows them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletStatus {
+    /// The kubelet unit.
+    pub unit: String,
+    /// The port the kubelet serves on: derived from the node name (the control plane
+    /// derives the same number; nothing distributes it).
+    pub port: u16,
+    /// The range it was derived in, `first-last`.
+    pub port_range: String,
+    /// The `port` in the kubelet configuration file on disk (`None`: no file, or no port
+    /// in it). Differs from `port` until `node up` or `node upgrade` writes it.
+    pub configured_port: Option<u16>,
+    /// The drop-in that sets the unit's command line (host path, below the host root).
+    pub drop_in: PathBuf,
+    /// Whether the drop-in on disk is the one the configuration renders.
+    pub drop_in_state: DropInState,
+    /// What systemd says about the unit (`None`: it could not be asked).
+    pub systemd: Option<SystemdUnit>,
+}
+
+/// Whether the kubelet drop-in on disk is the rendered one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DropInState {
+    /// It is.
+    Current,
+    /// It differs (an older configuration, or an edit): `node up` rewrites it.
+    Stale,
+    /// There is none: the unit runs its own command line.
+    Missing,
+}
+
+/// The kubelet unit as systemd loaded it (`systemctl show`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SystemdUnit {
+    /// The unit file (`FragmentPath`).
+    pub fragment_path: Option<String>,
+    /// Its drop-ins, in the order systemd applies them (`DropInPaths`).
+    pub drop_in_paths: Vec<String>,
+    /// The command line systemd runs (`ExecStart`'s `argv[]`), as it prints it.
+    pub exec_start: Option<String>,
+    /// Whether that command line is the drop-in's (another drop-in sorting after it, or
+    /// a unit systemd has not reloaded, can run something else).
+    pub exec_start_from_drop_in: bool,
 }
 
 /// Loads the node-stack configuration. Called by the `resolve-goal-state` phase, so a bad
@@ -785,11 +837,62 @@ impl Node {
                 backend: backend.name(),
                 units,
                 leftover_snapshot: Some(self.snapshot_dir()).filter(|d| snapshot::exists(d)),
+                kubelet: self.kubelet_status(&goal).await,
                 goal,
             })
         };
         run.await
             .map_err(|e| LifecycleError::phase_failed(command, e, None))
+    }
+
+    async fn kubelet_status(&self, goal: &MachineGoalState) -> KubeletStatus {
+        let ns = &goal.node_start;
+        let root = &self.hooks.host_root;
+        let range = ns.kubelet.port_range.range().unwrap_or_default();
+        let configured_port = std::fs::read(root.resolve(configure::KUBELET_CONFIG))
+            .ok()
+            .and_then(|bytes| serde_yaml::from_slice::<serde_yaml::Value>(&bytes).ok())
+            .and_then(|config| config.get("port").and_then(serde_yaml::Value::as_u64))
+            .and_then(|port| u16::try_from(port).ok());
+        let drop_in = root.resolve(configure::drop_in_path(&ns.kubelet.unit));
+        let drop_in_state = match std::fs::read(&drop_in) {
+            Ok(bytes) if bytes == configure::render_drop_in(ns).as_bytes() => DropInState::Current,
+            Ok(_) => DropInState::Stale,
+            Err(_) => DropInState::Missing,
+        };
+        KubeletStatus {
+            unit: ns.kubelet.unit.clone(),
+            port: ns.kubelet_port,
+            port_range: format!("{}-{}", range.base(), range.last()),
+            configured_port,
+            drop_in,
+            drop_in_state,
+            systemd: self.systemd_unit(ns).await,
+        }
+    }
+
+    /// `systemctl show` of the kubelet unit; `None` when systemd does not answer (a
+    /// status still reports the rest).
+    async fn systemd_unit(&self, ns: &crate::goalstate::NodeStart) -> Option<SystemdUnit> {
+        let cmd = Cmd::new(
+            "systemctl",
+            [
+                "show",
+                "--property=FragmentPath",
+                "--property=DropInPaths",
+                "--property=ExecStart",
+                "--",
+                ns.kubelet.unit.as_str(),
+            ],
+        );
+        let out = match self.hooks.runner().run(&cmd).await {
+            Ok(out) => out,
+            Err(e) => {
+                tracing::debug!(error = %crate::error_chain(&e), "systemctl show did not answer");
+                return None;
+            }
+        };
+        parse_systemctl_show(&out.stdout, &configure::kubelet_argv(ns))
     }
 
     async fn resolve_step(&self, s: &Steps<'_>) -> Result<MachineGoalState, BoxError> {
@@ -917,6 +1020,57 @@ enum Cleared {
     },
 }
 
+/// Reads `systemctl show`'s `FragmentPath`, `DropInPaths` and `ExecStart` lines, and
+/// whether the one command line it runs is `argv`. `None` when it printed none of them.
+pub fn parse_systemctl_show(stdout: &str, argv: &[String]) -> Option<SystemdUnit> {
+    let mut fragment_path = None;
+    let mut drop_in_paths = Vec::new();
+    let mut exec_starts = Vec::new();
+    let mut seen = false;
+    for line in stdout.lines() {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        match key {
+            "FragmentPath" => {
+                seen = true;
+                fragment_path = Some(value.to_string()).filter(|v| !v.is_empty());
+            }
+            "DropInPaths" => {
+                seen = true;
+                drop_in_paths = value.split_whitespace().map(str::to_string).collect();
+            }
+            "ExecStart" => {
+                seen = true;
+                // `{ path=... ; argv[]=ARGS ; ignore_errors=no ; ... }`
+                if let Some((_, rest)) = value.split_once("argv[]=") {
+                    let args = rest.split(" ; ").next().unwrap_or(rest).trim();
+                    exec_starts.push(args.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    if !seen {
+        return None;
+    }
+    // systemctl may quote and escape words it prints; the flags hold no whitespace,
+    // quotes or backslashes, so dropping those and undoing `$$` compares the words.
+    let normal = |word: &str| word.replace(['"', '\\'], "").replace("$$", "$");
+    let ours: Vec<String> = argv.iter().map(|a| normal(a)).collect();
+    let exec_start_from_drop_in = exec_starts.len() == 1
+        && exec_starts[0]
+            .split_whitespace()
+            .map(normal)
+            .eq(ours.iter().cloned());
+    Some(SystemdUnit {
+        fragment_path,
+        drop_in_paths,
+        exec_start: exec_starts.into_iter().next(),
+        exec_start_from_drop_in,
+    })
+}
+
 fn slot_ref(goal: &MachineGoalState) -> SlotRef {
     SlotRef {
         slot: goal.slot.clone(),
@@ -989,5 +1143,63 @@ impl<'r> Steps<'r> {
                 Err(error)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv() -> Vec<String> {
+        [
+            "/usr/bin/kubelet",
+            "--config=/c.yaml",
+            "--x=$HOME",
+            "--e=5%",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    #[test]
+    fn systemctl_show_says_whether_systemd_runs_our_command_line() {
+        let ours = "ExecStart={ path=/usr/bin/kubelet ; argv[]=/usr/bin/kubelet --config=/c.yaml \"--x=\\$\\$HOME\" --e=5% ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }\nFragmentPath=/lib/systemd/system/kubelet.service\nDropInPaths=/etc/systemd/system/kubelet.service.d/10-kubeadm.conf /etc/systemd/system/kubelet.service.d/10-outpost.conf\n";
+        let unit = parse_systemctl_show(ours, &argv()).unwrap();
+        assert!(unit.exec_start_from_drop_in, "{unit:?}");
+        assert_eq!(
+            unit.fragment_path.as_deref(),
+            Some("/lib/systemd/system/kubelet.service")
+        );
+        assert_eq!(unit.drop_in_paths.len(), 2);
+
+        let theirs = ours.replace("\"--x=\\$\\$HOME\" ", "$KUBELET_ARGS ");
+        let unit = parse_systemctl_show(&theirs, &argv()).unwrap();
+        assert!(!unit.exec_start_from_drop_in);
+        // Two command lines (a unit systemd would refuse) are not ours either.
+        let two = format!("{ours}{}", ours.lines().next().unwrap());
+        assert!(
+            !parse_systemctl_show(&two, &argv())
+                .unwrap()
+                .exec_start_from_drop_in
+        );
+        assert_eq!(parse_systemctl_show("", &argv()), None);
+    }
+
+    #[test]
+    fn every_command_names_its_phases_once() {
+        for command in [
+            Command::Up,
+            Command::Down,
+            Command::Reset,
+            Command::Upgrade,
+            Command::Status,
+        ] {
+            let phases = command.phases();
+            let mut unique = phases.to_vec();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), phases.len(), "{command}");
+        }
+        assert_eq!(Command::Upgrade.phases()[6], "restart");
     }
 }

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use hostnode::goalstate::AgentConfig;
 use hostnode::lifecycle::{
-    Aftermath, Command, Event, LifecycleError, MountsRemain, Node, Report, Settle, Silent,
+    Aftermath, Command, DropInState, Event, LifecycleError, MountsRemain, Node, Report, Settle,
+    Silent,
 };
 use hostnode::phases::Progress;
 use hostnode::runner::{CmdOutput, RecordingRunner};
@@ -373,6 +374,22 @@ async fn status_reports_units_and_the_running_predicate() {
     assert_eq!(status.backend, "none");
     assert_eq!(status.units[1], ("kubelet.service".into(), "active".into()));
     assert!(status.leftover_snapshot.is_none());
+    // Nothing written yet: the derived port, no file carrying it, no drop-in.
+    assert_eq!(status.kubelet.port, 21149);
+    assert_eq!(status.kubelet.port_range, "20000-29999");
+    assert_eq!(status.kubelet.configured_port, None);
+    assert_eq!(status.kubelet.drop_in_state, DropInState::Missing);
+    assert_eq!(
+        status.kubelet.systemd, None,
+        "the recording systemctl says nothing"
+    );
+    host.node(CONFIG).up(&Silent).await.unwrap();
+    let status = host.node(CONFIG).status().await.unwrap();
+    assert_eq!(status.kubelet.configured_port, Some(21149));
+    assert_eq!(status.kubelet.drop_in_state, DropInState::Current);
+    let edited = CONFIG.replace("pool=edge", "pool=core");
+    let status = host.node(&edited).status().await.unwrap();
+    assert_eq!(status.kubelet.drop_in_state, DropInState::Stale);
 
     let host = Host::new(false);
     let status = host.node(CONFIG).status().await.unwrap();
@@ -498,4 +515,110 @@ fn reset_keeps_going_past_a_stuck_mount_and_fails_at_the_end() {
     assert_eq!(out.kubelet_dir.as_deref(), Some(k.as_path()));
     assert_eq!(mounts_below(&k), vec![k.clone()]);
     assert_eq!(std::fs::read_dir(&k).unwrap().count(), 0);
+}
+
+/// `systemd-analyze verify` over the unit `node up` leaves: a stock kubelet unit with a
+/// kubeadm-style drop-in that sets its own command line from environment variables,
+/// then ours. systemd must load it without a warning about our drop-in, and run exactly
+/// our command line (the `%` and `$` in flags literal). Without our `ExecStart=` reset
+/// line the same tree is refused, so the check is not vacuous.
+#[tokio::test]
+async fn systemd_loads_the_rendered_unit_and_runs_our_command_line() {
+    crate::support::require_program("systemd-analyze", "systemd");
+    let host = Host::new(false);
+    let root = host.root();
+    let kubelet = host.dir.path().join("bin/kubelet");
+    std::fs::create_dir_all(kubelet.parent().unwrap()).unwrap();
+    std::fs::write(&kubelet, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(
+        &kubelet,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let units = root.resolve("/etc/systemd/system");
+    std::fs::create_dir_all(units.join("kubelet.service.d")).unwrap();
+    std::fs::write(
+        units.join("kubelet.service"),
+        format!(
+            "[Unit]\nDescription=kubelet\n\n[Service]\nExecStart={}\nRestart=always\n\n[Install]\nWantedBy=multi-user.target\n",
+            kubelet.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        units.join("kubelet.service.d/10-kubeadm.conf"),
+        format!(
+            "[Service]\nEnvironment=\"KUBELET_KUBECONFIG_ARGS=--kubeconfig=/etc/kubernetes/kubelet.conf\"\nEnvironmentFile=-/etc/default/kubelet\nExecStart=\nExecStart={} $KUBELET_KUBECONFIG_ARGS $KUBELET_EXTRA_ARGS\n",
+            kubelet.display()
+        ),
+    )
+    .unwrap();
+    let config = CONFIG
+        .replace(
+            "  extraArgs: [--node-labels=pool=edge]",
+            &format!(
+                "  path: {}\n  extraArgs: [--node-labels=pool=edge, \"--eviction-hard=memory.available<5%\", \"--x=$HOME\"]",
+                kubelet.display()
+            ),
+        );
+    let up = host.node(&config).up(&Silent).await.unwrap();
+    assert_eq!(up.goal.node_start.kubelet_port, 21149);
+    let written: serde_yaml::Value = serde_yaml::from_slice(
+        &std::fs::read(root.resolve("/etc/kubernetes/kubelet/config.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(written["port"].as_u64(), Some(21149));
+    assert_eq!(written["maxPods"].as_u64(), Some(110));
+
+    let verify = |unit: &Path| {
+        let out = std::process::Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(unit)
+            .env("SYSTEMD_LOG_LEVEL", "debug")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, text) = verify(&units.join("kubelet.service"));
+    assert!(ok, "systemd-analyze verify refused the unit:\n{text}");
+    // At debug level systemd names each drop-in it loaded ("DropIn Path: ..."); any
+    // other line naming ours is a complaint about it (`...10-outpost.conf:5: Unknown
+    // key ...`).
+    let ours: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("10-outpost.conf"))
+        .collect();
+    assert!(!ours.is_empty(), "our drop-in was not loaded:\n{text}");
+    for line in ours {
+        assert!(
+            line.trim().starts_with("DropIn Path:"),
+            "systemd complained about our drop-in: {line}"
+        );
+    }
+    let commands: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Command Line: "))
+        .collect();
+    assert_eq!(commands.len(), 1, "one ExecStart, ours:\n{text}");
+    let command = commands[0];
+    assert!(
+        command.starts_with(&format!(
+            "{} --config=/etc/kubernetes/kubelet/config.yaml --kubeconfig=/etc/kubernetes/kubelet.conf --hostname-override=worker-1 ",
+            kubelet.display()
+        )),
+        "{command}"
+    );
+    assert!(command.contains("memory.available<5%"), "{command}");
+    assert!(!command.contains("KUBELET_KUBECONFIG_ARGS"), "{command}");
+
+    // The same tree with our reset line taken out: two command lines, refused.
+    let drop_in = units.join("kubelet.service.d/10-outpost.conf");
+    let text_before = std::fs::read_to_string(&drop_in).unwrap();
+    std::fs::write(&drop_in, text_before.replace("ExecStart=\n", "")).unwrap();
+    let (ok, text) = verify(&units.join("kubelet.service"));
+    assert!(!ok && text.contains("more than one ExecStart"), "{text}");
 }
