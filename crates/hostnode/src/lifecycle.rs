@@ -756,16 +756,16 @@ impl Node {
                 Ok::<_, crate::settle::SettleError>(())
             })
             .await?;
-            Ok::<_, PhaseError>(restarted)
+            Ok::<_, PhaseError>((a.clone(), restarted))
         };
         match after.await {
-            Ok(restarted) => {
+            Ok((applied, restarted)) => {
                 snap.discard();
                 Ok(UpgradeOutcome {
                     goal,
                     recovered,
                     was_running,
-                    applied: applied.unwrap_or_default(),
+                    applied,
                     restarted,
                 })
             }
