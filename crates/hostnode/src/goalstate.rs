@@ -1,13 +1,16 @@
 //! What a node should look like: the agent's YAML configuration ([`AgentConfig`]) resolved
 //! for one slot into a [`MachineGoalState`], whose [`NodeStart`] is what the start phases
-//! need: kubelet and containerd configuration, how the kubelet authenticates, and the
-//! LocalDNS listeners.
+//! need: kubelet and containerd configuration, the kubelet's serving port (derived from
+//! the node name with `nodeaddr`'s derivation, as the control plane derives it), how the
+//! kubelet authenticates, and the LocalDNS listeners.
 //!
 //! ```yaml
 //! nodeName: worker-1
 //! kubelet:
+//!   path: /usr/bin/kubelet               # default
 //!   config: {kind: KubeletConfiguration, apiVersion: kubelet.config.k8s.io/v1beta1}
 //!   extraArgs: [--node-labels=pool=edge]
+//!   portRange: {base: 20000, slots: 10000} # default: the derived kubelet port's range
 //! containerd:
 //!   config: |
 //!     version = 2
