@@ -1,7 +1,7 @@
 //! The agent's YAML configuration is written by people and tools and ends up in unit
 //! files, host paths and argv. Input: configuration text. Invariants: parsing never
 //! panics; whatever `AgentConfig::parse` accepts renders a kubelet drop-in of exactly its
-//! three lines with no control character (no injected directive), unit paths without
+//! `DROP_IN_LINES` lines with no control character (no injected directive), unit paths without
 //! `..` that stay in the unit directory, and a `Debug` that never shows the bootstrap
 //! token's secret half.
 
@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use hostnode::configure::{SYSTEMD_UNIT_DIR, render};
+use hostnode::configure::{DROP_IN_LINES, SYSTEMD_UNIT_DIR, render};
 use hostnode::goalstate::{AgentConfig, AuthMode, resolve_machine};
 use libfuzzer_sys::fuzz_target;
 
@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(file.path.starts_with(SYSTEMD_UNIT_DIR), "{}", file.path);
                 let contents = String::from_utf8(file.contents.clone().unwrap_or_default())
                     .expect("drop-ins are text");
-                assert_eq!(contents.lines().count(), 3, "{contents:?}");
+                assert_eq!(contents.lines().count(), DROP_IN_LINES, "{contents:?}");
                 assert!(
                     !contents.chars().any(|c| c.is_control() && c != '\n'),
                     "{contents:?}"

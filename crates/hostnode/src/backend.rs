@@ -44,6 +44,16 @@ pub async fn running(backend: &dyn IsolationBackend, slot: &SlotRef) -> Result<b
     backend.running(slot).await
 }
 
+/// Whether a stack whose units are in these states runs: at least one unit, and every
+/// one `active` (or `reloading`, which is active with a reload in flight). The one
+/// predicate [`HostBackend::running`] and a status report both use.
+pub fn stack_running(states: &[(String, String)]) -> bool {
+    !states.is_empty()
+        && states
+            .iter()
+            .all(|(_, s)| s == "active" || s == "reloading")
+}
+
 /// The host (`none`) mode: the stack runs as systemd units on the host, asked with
 /// `systemctl is-active`.
 #[derive(Clone, Debug)]
@@ -104,13 +114,7 @@ impl<R: Runner> IsolationBackend for HostBackend<R> {
     }
 
     fn running<'a>(&'a self, slot: &'a SlotRef) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(async move {
-            let states = self.unit_states(slot).await?;
-            Ok(!states.is_empty()
-                && states
-                    .iter()
-                    .all(|(_, s)| s == "active" || s == "reloading"))
-        })
+        Box::pin(async move { Ok(stack_running(&self.unit_states(slot).await?)) })
     }
 
     fn unit_states<'a>(

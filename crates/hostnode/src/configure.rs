@@ -70,15 +70,93 @@ pub fn default_shared_paths() -> Vec<String> {
     ]
 }
 
+/// The kubelet's configuration as written: the configured KubeletConfiguration with
+/// `port` set to the node's derived port (and `kind`/`apiVersion` filled in when the
+/// configuration leaves them out, so the file is one the kubelet accepts).
+pub fn kubelet_config(ns: &NodeStart) -> serde_yaml::Value {
+    let mut map = ns.kubelet.config.as_mapping().cloned().unwrap_or_default();
+    for (key, value) in [
+        ("kind", "KubeletConfiguration"),
+        ("apiVersion", "kubelet.config.k8s.io/v1beta1"),
+    ] {
+        map.entry(key.into()).or_insert_with(|| value.into());
+    }
+    map.insert("port".into(), u64::from(ns.kubelet_port).into());
+    serde_yaml::Value::Mapping(map)
+}
+
+/// The kubelet's command line, executable first: the files this module writes, the node
+/// name, the bootstrap flags and `extraArgs`. The serving port is in the configuration
+/// file (`port`), the documented place for it (the `--port` flag is deprecated).
+pub fn kubelet_argv(ns: &NodeStart) -> Vec<String> {
+    let mut argv = vec![
+        ns.kubelet.path.to_string_lossy().into_owned(),
+        format!("--config={KUBELET_CONFIG}"),
+        format!("--kubeconfig={KUBELET_KUBECONFIG}"),
+        format!("--hostname-override={}", ns.node_name),
+    ];
+    if matches!(ns.auth, AuthMode::BootstrapToken(_)) {
+        argv.push(format!("--bootstrap-kubeconfig={BOOTSTRAP_KUBECONFIG}"));
+        argv.push("--rotate-certificates=true".into());
+    }
+    argv.extend(ns.kubelet.extra_args.iter().cloned());
+    argv
+}
+
+/// How many lines [`render_drop_in`] writes; more would be an injected directive.
+pub const DROP_IN_LINES: usize = 5;
+
+/// The kubelet unit's drop-in: it empties the unit's `ExecStart=` and sets the whole
+/// command line, so no flag depends on an environment variable the unit may not pass on.
+/// Every argument after the executable is double-quoted with systemd's escapes (`\\`,
+/// `\"`, `%%`, `$$`), so whatever it holds stays one literal argument.
+pub fn render_drop_in(ns: &NodeStart) -> String {
+    let mut argv = kubelet_argv(ns).into_iter();
+    // The executable stays bare: its path was checked to hold no character systemd
+    // interprets, and the first word is where systemd reads its prefixes (`-`, `@`, ...).
+    let mut line = format!("ExecStart={}", argv.next().unwrap_or_default());
+    for arg in argv {
+        line.push(' ');
+        line.push_str(&systemd_quote(&arg));
+    }
+    format!(
+        "# Written by outpost-agent from its configuration; edits are overwritten.\n\
+         [Service]\n\
+         # The unit's own command line is replaced: the kubelet runs with exactly these flags.\n\
+         ExecStart=\n\
+         {line}\n"
+    )
+}
+
+/// One `ExecStart=` word: double-quoted, with `\\`, `"`, `%` and `$` escaped and control
+/// characters as `\xNN`, so systemd reads back exactly `arg`.
+pub fn systemd_quote(arg: &str) -> String {
+    let mut out = String::with_capacity(arg.len() + 2);
+    out.push('"');
+    for c in arg.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '%' => out.push_str("%%"),
+            '$' => out.push_str("$$"),
+            c if c.is_control() => {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    out.push_str(&format!("\\x{b:02x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// Renders the files for `ns`. Pure.
 pub fn render(ns: &NodeStart) -> Vec<DesiredFile> {
     let mut files = Vec::new();
-    let kubelet_config = if ns.kubelet.config.is_null() {
-        String::new()
-    } else {
-        // Serializing a serde_yaml::Value cannot fail; fall back to empty rather than panic.
-        serde_yaml::to_string(&ns.kubelet.config).unwrap_or_default()
-    };
+    // Serializing a serde_yaml::Value cannot fail; fall back to empty rather than panic.
+    let kubelet_config = serde_yaml::to_string(&kubelet_config(ns)).unwrap_or_default();
     files.push(DesiredFile {
         path: KUBELET_CONFIG.into(),
         contents: Some(kubelet_config.into_bytes()),
@@ -87,15 +165,8 @@ pub fn render(ns: &NodeStart) -> Vec<DesiredFile> {
         unit_file: false,
     });
 
-    let mut args = vec![
-        format!("--config={KUBELET_CONFIG}"),
-        format!("--kubeconfig={KUBELET_KUBECONFIG}"),
-        format!("--hostname-override={}", ns.node_name),
-    ];
     match &ns.auth {
         AuthMode::BootstrapToken(b) => {
-            args.push(format!("--bootstrap-kubeconfig={BOOTSTRAP_KUBECONFIG}"));
-            args.push("--rotate-certificates=true".into());
             files.push(kubelet_file(
                 BOOTSTRAP_KUBECONFIG,
                 Some(kubeconfig(
@@ -134,18 +205,9 @@ pub fn render(ns: &NodeStart) -> Vec<DesiredFile> {
             ));
         }
     }
-    args.extend(ns.kubelet.extra_args.iter().cloned());
     files.push(DesiredFile {
         path: drop_in_path(&ns.kubelet.unit),
-        contents: Some(
-            format!(
-                "# Written by outpost-agent from its configuration; edits are overwritten.\n\
-                 [Service]\n\
-                 Environment=\"KUBELET_OUTPOST_ARGS={}\"\n",
-                args.join(" ")
-            )
-            .into_bytes(),
-        ),
+        contents: Some(render_drop_in(ns).into_bytes()),
         mode: 0o644,
         service: Service::Kubelet,
         unit_file: true,
@@ -261,6 +323,99 @@ mod tests {
             std::fs::read_to_string(root.resolve(drop_in_path("kubelet.service"))).unwrap();
         assert!(dropin.contains("--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf"));
         assert!(dropin.contains("--node-labels=pool=edge"));
+    }
+
+    /// systemd's reading of one `ExecStart=` line (the subset the renderer emits: bare
+    /// or double-quoted words, `\\` escapes, `%%`, and `$$` kept for exec time), for
+    /// checking that the rendered line reads back as the intended argv.
+    fn systemd_words(line: &str) -> Vec<String> {
+        let mut words = Vec::new();
+        let mut chars = line.chars().peekable();
+        while chars.peek().is_some() {
+            while chars.peek() == Some(&' ') {
+                chars.next();
+            }
+            let mut word = String::new();
+            let quoted = chars.peek() == Some(&'"');
+            if quoted {
+                chars.next();
+            }
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' if quoted => break,
+                    ' ' if !quoted => break,
+                    '\\' => match chars.next() {
+                        Some('x') => {
+                            let hex: String = chars.by_ref().take(2).collect();
+                            word.push(char::from(u8::from_str_radix(&hex, 16).unwrap()));
+                        }
+                        Some(c) => word.push(c),
+                        None => panic!("dangling backslash in {line:?}"),
+                    },
+                    '%' => {
+                        assert_eq!(chars.next(), Some('%'), "a specifier in {line:?}");
+                        word.push('%');
+                    }
+                    '$' => {
+                        assert_eq!(chars.next(), Some('$'), "a variable in {line:?}");
+                        word.push('$');
+                    }
+                    c => word.push(c),
+                }
+            }
+            words.push(word);
+        }
+        words
+    }
+
+    #[test]
+    fn the_drop_in_replaces_exec_start_and_reads_back_as_the_argv() {
+        let mut ns = resolve_machine(&config(), "").unwrap().node_start;
+        ns.kubelet.extra_args = vec![
+            "--eviction-hard=memory.available<5%".into(),
+            "--x=$HOME;${PATH}".into(),
+            ";".into(),
+            "--odd=\"q\"\\\n".into(),
+        ];
+        let text = render_drop_in(&ns);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), DROP_IN_LINES, "{text}");
+        assert_eq!(lines[1], "[Service]");
+        assert_eq!(
+            lines[3], "ExecStart=",
+            "the unit's own command line is reset"
+        );
+        let exec = lines[4].strip_prefix("ExecStart=").unwrap();
+        assert!(!text.contains("Environment"), "{text}");
+        assert_eq!(systemd_words(exec), kubelet_argv(&ns));
+        assert_eq!(
+            kubelet_argv(&ns)[..4],
+            [
+                "/usr/bin/kubelet",
+                "--config=/etc/kubernetes/kubelet/config.yaml",
+                "--kubeconfig=/etc/kubernetes/kubelet.conf",
+                "--hostname-override=worker-1",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_kubelet_configuration_carries_the_derived_port() {
+        let mut ns = resolve_machine(&config(), "").unwrap().node_start;
+        let written = kubelet_config(&ns);
+        assert_eq!(written.get("port").and_then(|p| p.as_u64()), Some(21149));
+        assert_eq!(
+            written.get("clusterDNS"),
+            ns.kubelet.config.get("clusterDNS"),
+            "the rest is kept"
+        );
+        ns.kubelet.config = serde_yaml::Value::Null;
+        let written = kubelet_config(&ns);
+        assert_eq!(
+            written.get("kind").and_then(|v| v.as_str()),
+            Some("KubeletConfiguration")
+        );
+        assert_eq!(written.get("port").and_then(|p| p.as_u64()), Some(21149));
     }
 
     #[test]

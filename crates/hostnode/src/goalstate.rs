@@ -1,13 +1,16 @@
 //! What a node should look like: the agent's YAML configuration ([`AgentConfig`]) resolved
 //! for one slot into a [`MachineGoalState`], whose [`NodeStart`] is what the start phases
-//! need: kubelet and containerd configuration, how the kubelet authenticates, and the
-//! LocalDNS listeners.
+//! need: kubelet and containerd configuration, the kubelet's serving port (derived from
+//! the node name with `nodeaddr`'s derivation, as the control plane derives it), how the
+//! kubelet authenticates, and the LocalDNS listeners.
 //!
 //! ```yaml
 //! nodeName: worker-1
 //! kubelet:
+//!   path: /usr/bin/kubelet               # default
 //!   config: {kind: KubeletConfiguration, apiVersion: kubelet.config.k8s.io/v1beta1}
 //!   extraArgs: [--node-labels=pool=edge]
+//!   portRange: {base: 20000, slots: 10000} # default: the derived kubelet port's range
 //! containerd:
 //!   config: |
 //!     version = 2
@@ -58,12 +61,61 @@ pub struct KubeletSpec {
     /// The systemd unit that runs the kubelet.
     #[serde(default = "default_kubelet_unit")]
     pub unit: String,
-    /// The KubeletConfiguration, written as YAML.
+    /// The kubelet executable the unit's command line runs.
+    #[serde(default = "default_kubelet_path")]
+    pub path: PathBuf,
+    /// The KubeletConfiguration, written as YAML. Its `port` is the node's derived port
+    /// (see [`KubeletSpec::port_range`]); set it only to that value, or leave it out.
     #[serde(default)]
     pub config: serde_yaml::Value,
     /// Extra command-line flags.
     #[serde(default)]
     pub extra_args: Vec<String>,
+    /// The range the kubelet's serving port is derived in from the node name
+    /// (`nodeaddr`'s derivation). It must match the control plane's
+    /// (`stratum-server nodes reconcile --port-base/--port-slots`).
+    #[serde(default)]
+    pub port_range: PortRangeSpec,
+}
+
+/// The derived kubelet port range, as configured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortRangeSpec {
+    /// The first port.
+    #[serde(default = "default_port_base")]
+    pub base: u16,
+    /// How many ports.
+    #[serde(default = "default_port_slots")]
+    pub slots: u16,
+}
+
+impl Default for PortRangeSpec {
+    fn default() -> Self {
+        Self {
+            base: default_port_base(),
+            slots: default_port_slots(),
+        }
+    }
+}
+
+impl PortRangeSpec {
+    /// The validated range.
+    pub fn range(&self) -> Result<nodeaddr::PortRange, nodeaddr::PortRangeError> {
+        nodeaddr::PortRange::new(self.base, self.slots)
+    }
+}
+
+fn default_port_base() -> u16 {
+    nodeaddr::PortRange::DEFAULT.base()
+}
+
+fn default_port_slots() -> u16 {
+    nodeaddr::PortRange::DEFAULT.slots()
+}
+
+fn default_kubelet_path() -> PathBuf {
+    PathBuf::from("/usr/bin/kubelet")
 }
 
 /// containerd settings.
@@ -334,6 +386,10 @@ pub struct MachineGoalState {
 pub struct NodeStart {
     /// The Kubernetes node name.
     pub node_name: String,
+    /// The kubelet's serving port: derived from the node name over
+    /// `kubelet.portRange` ([`nodeaddr::PortRange::port_for`]), the number the control
+    /// plane derives too and the node's tunnel publishes.
+    pub kubelet_port: u16,
     /// Kubelet unit, configuration and flags.
     pub kubelet: KubeletSpec,
     /// containerd unit and configuration.
@@ -434,21 +490,54 @@ impl AgentConfig {
                 "must be a mapping (a KubeletConfiguration)",
             );
         }
-        let slot_args = self.slots.values().flat_map(|s| s.extra_args.iter());
-        if let Some(arg) = self.kubelet.extra_args.iter().chain(slot_args).find(|a| {
-            a.is_empty()
-                || a.contains(|c: char| {
-                    c.is_whitespace() || c.is_control() || c == '"' || c == '\\' || c == '%'
-                })
-        }) {
-            // The flags end up in a systemd Environment= line, which would split or
-            // reinterpret them.
+        if let Err(why) = check_executable_path(&self.kubelet.path) {
+            // Rendered as the first word of the unit's ExecStart=.
+            return invalid("kubelet.path", &why);
+        }
+        let range = match self.kubelet.port_range.range() {
+            Ok(range) => range,
+            Err(e) => return invalid("kubelet.portRange", &e.to_string()),
+        };
+        let derived = range.port_for(&self.node_name);
+        if let Some(port) = self.kubelet.config.get("port")
+            && port.as_u64() != Some(u64::from(derived))
+        {
             return invalid(
-                "kubelet.extraArgs",
+                "kubelet.config.port",
                 &format!(
-                    "{arg:?}: flags must be non-empty without spaces, quotes, backslashes or '%'"
+                    "the kubelet's port is derived from nodeName ({} gives {derived} in {}-{}), so the control plane finds it without being told; remove the field (or set it to {derived})",
+                    self.node_name,
+                    range.base(),
+                    range.last()
                 ),
             );
+        }
+        let slot_args = self.slots.values().flat_map(|s| s.extra_args.iter());
+        for arg in self.kubelet.extra_args.iter().chain(slot_args) {
+            if arg.is_empty()
+                || arg.contains(|c: char| {
+                    c.is_whitespace() || c.is_control() || c == '"' || c == '\\' || c == '\''
+                })
+            {
+                // Each flag is one argument of the unit's ExecStart=; whitespace would
+                // split it, and quotes or backslashes would be read by systemd's
+                // unquoting. ('%' and '$' are escaped when the unit is rendered.)
+                return invalid(
+                    "kubelet.extraArgs",
+                    &format!(
+                        "{arg:?}: flags must be non-empty without spaces, quotes or backslashes"
+                    ),
+                );
+            }
+            let name = arg.split_once('=').map_or(arg.as_str(), |(n, _)| n);
+            if let Some(owned) = OWNED_FLAGS.iter().find(|f| **f == name) {
+                return invalid(
+                    "kubelet.extraArgs",
+                    &format!(
+                        "{owned} is set by outpost-agent (the port is derived from nodeName; the paths are the files it writes): remove it"
+                    ),
+                );
+            }
         }
         match &self.auth {
             AuthMode::BootstrapToken(b) => {
@@ -527,6 +616,37 @@ impl AgentConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// Kubelet flags the agent sets itself; `extraArgs` may not set them again.
+pub const OWNED_FLAGS: &[&str] = &[
+    "--port",
+    "--config",
+    "--kubeconfig",
+    "--bootstrap-kubeconfig",
+    "--hostname-override",
+];
+
+/// Checks the kubelet executable path: absolute, of ASCII letters, digits and `/._+-`
+/// only, no `..` component. It becomes the first word of the unit's `ExecStart=`, where
+/// a leading `-`, `@`, `+`, `!` or `:` would change how systemd runs it, and a space,
+/// quote, `%` or `$` would be interpreted.
+pub fn check_executable_path(path: &Path) -> Result<(), String> {
+    let text = path.to_str().unwrap_or("");
+    let ok = text.starts_with('/')
+        && text.len() <= 4096
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'_' | b'+' | b'-'))
+        && !text.split('/').any(|c| c == "..")
+        && !text.ends_with('/');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{path:?} is not usable as the kubelet executable: write an absolute path of letters, digits and \"/._+-\" (e.g. /usr/bin/kubelet)"
+        ))
     }
 }
 
@@ -667,10 +787,14 @@ pub fn resolve_machine(
         }
         kubelet.extra_args.extend(spec.extra_args.iter().cloned());
     }
+    // A range that does not validate was refused at load; the default keeps this pure
+    // function total for a configuration built in code.
+    let range = config.kubelet.port_range.range().unwrap_or_default();
     Ok(MachineGoalState {
         slot: slot.into(),
         node_start: NodeStart {
             node_name: config.node_name.clone(),
+            kubelet_port: range.port_for(&config.node_name),
             kubelet,
             containerd,
             auth: config.auth.clone(),
@@ -950,8 +1074,80 @@ slots:
         assert!(format!("{:?}", config().auth).contains("abcdef.<redacted>"));
     }
 
+    /// The kubelet's port is derived from the node name; a configuration may not set
+    /// another one, in the KubeletConfiguration or as a flag, nor the flags the agent
+    /// owns; the executable path and the range are checked.
+    #[test]
+    fn the_port_is_derived_and_owned_flags_and_paths_are_checked() {
+        let goal = resolve_machine(&config(), "").unwrap();
+        // Pinned by nodeaddr's own tests: "worker-1" gives 21149 in the default range.
+        assert_eq!(goal.node_start.kubelet_port, 21149);
+        assert_eq!(goal.node_start.kubelet.path, Path::new("/usr/bin/kubelet"));
+        let same = CONFIG.replace("clusterDNS:", "port: 21149\n    clusterDNS:");
+        AgentConfig::parse(&same, Path::new("a")).unwrap();
+        let narrow = CONFIG.replace(
+            "  extraArgs: [--node-labels=pool=edge]",
+            "  extraArgs: [--node-labels=pool=edge]\n  portRange: {base: 30000, slots: 1}",
+        );
+        let c = AgentConfig::parse(&narrow, Path::new("a")).unwrap();
+        assert_eq!(
+            resolve_machine(&c, "").unwrap().node_start.kubelet_port,
+            30000
+        );
+        for (from, to, field, says) in [
+            (
+                "clusterDNS:",
+                "port: 10250\n    clusterDNS:",
+                "kubelet.config.port",
+                "gives 21149 in 20000-29999",
+            ),
+            (
+                "[--node-labels=pool=edge]",
+                "[--node-labels=pool=edge, --port=10250]",
+                "kubelet.extraArgs",
+                "--port is set by outpost-agent",
+            ),
+            (
+                "[--node-labels=pool=edge]",
+                "[--kubeconfig=/tmp/x]",
+                "kubelet.extraArgs",
+                "--kubeconfig is set by outpost-agent",
+            ),
+            (
+                "  extraArgs: [--node-labels=pool=edge]",
+                "  extraArgs: [--node-labels=pool=edge]\n  path: /usr/bin/kubelet -v",
+                "kubelet.path",
+                "absolute path",
+            ),
+            (
+                "  extraArgs: [--node-labels=pool=edge]",
+                "  extraArgs: [--node-labels=pool=edge]\n  path: /usr/bin/../../tmp/kubelet",
+                "kubelet.path",
+                "absolute path",
+            ),
+            (
+                "  extraArgs: [--node-labels=pool=edge]",
+                "  extraArgs: [--node-labels=pool=edge]\n  path: kubelet",
+                "kubelet.path",
+                "absolute path",
+            ),
+            (
+                "  extraArgs: [--node-labels=pool=edge]",
+                "  extraArgs: [--node-labels=pool=edge]\n  portRange: {base: 65000, slots: 1000}",
+                "kubelet.portRange",
+                "runs past port 65535",
+            ),
+        ] {
+            let text = CONFIG.replace(from, to);
+            assert_ne!(text, CONFIG, "{to}");
+            let err = AgentConfig::parse(&text, Path::new("a.yaml")).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains(field) && msg.contains(says), "{to}: {msg}");
+        }
+    }
+
     /// The fuzz target `agent_config`'s invariants over every one-character insertion
-    /// into the sample configuration: whatever still loads renders a three-line drop-in
+    /// into the sample configuration: whatever still loads renders a five-line drop-in
     /// without control characters, and unit paths without `..`.
     #[test]
     fn no_accepted_configuration_renders_an_injected_drop_in() {
@@ -972,7 +1168,11 @@ slots:
                         assert!(!file.path.contains(".."), "{text}: {}", file.path);
                         if file.unit_file {
                             let body = String::from_utf8(file.contents.unwrap()).unwrap();
-                            assert_eq!(body.lines().count(), 3, "{text:?}: {body:?}");
+                            assert_eq!(
+                                body.lines().count(),
+                                crate::configure::DROP_IN_LINES,
+                                "{text:?}: {body:?}"
+                            );
                             assert!(
                                 !body.chars().any(|c| c.is_control() && c != '\n'),
                                 "{text:?}: {body:?}"

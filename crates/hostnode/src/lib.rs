@@ -26,6 +26,9 @@
 //!   healthz, else the upgrade rolls back.
 //! - [`lock`]: one `node` command at a time, the holder named.
 //! - [`Hooks`]: the seams a node exposes to tests; the zero value is the real host.
+//! - [`lifecycle`]: `up`, `down`, `reset`, `upgrade` and `status` of a node stack
+//!   ([`lifecycle::Node`]), composed from the steps above, with typed phase results and
+//!   progress reported to a [`lifecycle::Report`]. `outpost-agent node` only prints it.
 
 #![cfg_attr(
     not(test),
@@ -38,6 +41,7 @@ pub mod configure;
 pub mod fsutil;
 pub mod goalstate;
 mod hooks;
+pub mod lifecycle;
 pub mod localdns;
 pub mod lock;
 pub mod mountinfo;

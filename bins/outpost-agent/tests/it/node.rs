@@ -62,6 +62,14 @@ case "$1" in
     echo active; exit 0 ;;
   stop)
     while [ -e {d}/hold-stop ]; do sleep 0.05; done ;;
+  show)
+    # What systemd 252 prints for a unit whose drop-in set the command line (the
+    # command line itself from a marker file the test writes).
+    if [ -e {d}/show-exec ]; then
+      echo "ExecStart={{ path=/usr/bin/kubelet ; argv[]=$(cat {d}/show-exec) ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }}"
+      echo "FragmentPath=/lib/systemd/system/kubelet.service"
+      echo "DropInPaths=/etc/systemd/system/kubelet.service.d/10-outpost.conf"
+    fi ;;
   restart)
     if [ "$3" = kubelet.service ] && [ -e {d}/crashloop-after-restart ]; then touch {d}/kubelet-crashloop; fi
     if [ "$3" = kubelet.service ] && [ -e {d}/crash-on-kubelet-restart ]; then kill -9 $PPID; sleep 1; exit 1; fi
@@ -307,12 +315,61 @@ fn status_exit_codes_json_and_a_bad_config_names_the_phase() {
     assert_eq!(v["running"], true);
     assert_eq!(v["units"][1]["unit"], "kubelet.service");
     assert_eq!(v["auth"], "bootstrap-token");
+    // Before `node up`: the derived port, no file carrying it yet, no drop-in, and a
+    // systemd that says nothing.
+    let k = &v["kubelet"];
+    assert_eq!(k["port"], 21149, "{k}");
+    assert_eq!(k["portRange"], "20000-29999");
+    assert_eq!(k["configuredPort"], serde_json::Value::Null);
+    assert_eq!(k["dropInState"], "missing");
+    assert_eq!(k["systemd"], serde_json::Value::Null);
+
+    assert!(
+        host.node(&["up", "--config", &host.config("old.yaml")])
+            .status
+            .success()
+    );
+    std::fs::write(
+        host.path("show-exec"),
+        "/usr/bin/kubelet --config=/etc/kubernetes/kubelet/config.yaml --kubeconfig=/etc/kubernetes/kubelet.conf \
+         --hostname-override=worker-1 --bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf \
+         --rotate-certificates=true --node-labels=pool=edge",
+    )
+    .unwrap();
+    let out = host.node(&["status", "--config", &host.config("old.yaml"), "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let k = &v["kubelet"];
+    assert_eq!(k["configuredPort"], 21149, "{k}");
+    assert_eq!(k["dropInState"], "current");
+    assert_eq!(
+        k["dropIn"],
+        host.root()
+            .join("etc/systemd/system/kubelet.service.d/10-outpost.conf")
+            .to_str()
+            .unwrap()
+    );
+    assert_eq!(
+        k["systemd"]["fragmentPath"],
+        "/lib/systemd/system/kubelet.service"
+    );
+    assert_eq!(k["systemd"]["execStartFromDropIn"], true, "{k}");
+    // Another drop-in sorting after ours set its own command line: status says so.
+    std::fs::write(host.path("show-exec"), "/usr/bin/kubelet $KUBELET_ARGS").unwrap();
+    let out = host.node(&["status", "--config", &host.config("old.yaml")]);
+    assert!(
+        stdout(&out).contains("systemd runs something else: /usr/bin/kubelet $KUBELET_ARGS"),
+        "{}",
+        stdout(&out)
+    );
+    std::fs::remove_file(host.path("show-exec")).unwrap();
 
     host.mark("stopped", true);
     let out = host.node(&["status", "--config", &host.config("old.yaml")]);
     assert_eq!(out.status.code(), Some(3));
     assert!(stdout(&out).contains("kubelet.service inactive"));
 
+    // A fresh tree: nothing may be written for a bad configuration.
+    let host = Host::new();
     std::fs::write(
         host.path("bad.yaml"),
         CONFIG.replace("abcdef.0123456789abcdef", "nope"),

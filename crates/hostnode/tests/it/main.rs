@@ -2,6 +2,7 @@
 //! a network namespace, snapshots and resets on a real filesystem. They need root; run
 //! without it they fail and say so.
 
+mod lifecycle;
 mod localdns;
 mod mounts;
 mod reset;
