@@ -57,6 +57,35 @@ fn temp_name(name: &std::ffi::OsStr) -> String {
     )
 }
 
+/// Removes what a writer of `name` that died mid-write left behind: temporaries named
+/// for a process that no longer exists (and the fixed name older releases used). Best
+/// effort: a leftover that cannot be removed is only untidy, never read.
+fn remove_stale_temporaries(dir: &Path, dir_fd: &rustix::fd::OwnedFd, name: &std::ffi::OsStr) {
+    let name = name.to_string_lossy();
+    let prefix = format!(".{name}.");
+    let legacy = format!(".{name}.outpost-tmp");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let entry_name = entry.file_name();
+        let entry_name = entry_name.to_string_lossy();
+        let stale = entry_name == legacy
+            || entry_name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix(".tmp"))
+                .and_then(|rest| rest.split_once('.'))
+                .and_then(|(pid, n)| Some((pid.parse::<u32>().ok()?, n.parse::<u64>().ok()?)))
+                .is_some_and(|(pid, _)| {
+                    pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+                });
+        // unlinkat removes the entry itself: a symlink planted there is not followed.
+        if stale && entry.file_type().is_ok_and(|t| !t.is_dir()) {
+            let _ = rustix::fs::unlinkat(dir_fd, entry_name.as_ref(), AtFlags::empty());
+        }
+    }
+}
+
 /// Replaces `path` with `contents` atomically, with permission bits `mode` and, when
 /// given, owner `(uid, gid)`. Missing parent directories are created (mode 0755). On
 /// failure the temporary file is removed and the target is untouched.
@@ -84,6 +113,7 @@ pub fn write_atomic(
         Mode::empty(),
     )
     .map_err(errno("open directory", dir))?;
+    remove_stale_temporaries(dir, &dir_fd, name);
     let tmp_name = temp_name(name);
     let tmp = dir.join(&tmp_name);
     let written = (|| {
@@ -205,6 +235,29 @@ mod tests {
             "a torn mix of writers"
         );
         assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_dead_writers_temporaries_are_removed_and_a_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("conf");
+        // pid_max is at most 4194304: this pid never exists.
+        let dead = dir.path().join(".conf.4242424.7.tmp");
+        let legacy = dir.path().join(".conf.outpost-tmp");
+        let live = dir
+            .path()
+            .join(format!(".conf.{}.999.tmp", std::process::id()));
+        let other = dir.path().join(".other.4242424.7.tmp");
+        for p in [&dead, &legacy, &live, &other] {
+            std::fs::write(p, b"torn").unwrap();
+        }
+        write_atomic(&path, b"x", 0o600, None).unwrap();
+        assert!(!dead.exists() && !legacy.exists());
+        assert!(live.exists(), "a live writer's temporary is its own");
+        assert!(
+            other.exists(),
+            "another file's temporary is not ours to remove"
+        );
     }
 
     #[test]

@@ -127,13 +127,16 @@ async fn interrupted_restore_is_finished_by_restore_snapshot() {
     assert!(dir.join("manifest.json").exists());
     std::fs::remove_file(&containerd_dir).unwrap();
     std::fs::create_dir_all(&containerd_dir).unwrap();
-    std::fs::write(containerd_dir.join(".config.toml.outpost-tmp"), b"torn").unwrap();
+    // Named as common::fsutil names a temporary, for a process that no longer exists
+    // (pid_max is at most 4194304).
+    let torn = containerd_dir.join(".config.toml.4242424.0.tmp");
+    std::fs::write(&torn, b"torn").unwrap();
 
     // The next process finds the snapshot and finishes the restore.
     assert!(restore_snapshot(&dir, &root).await.unwrap());
     let after: Vec<_> = PATHS.iter().map(|p| state(&root, p)).collect();
     assert_eq!(after, before);
-    assert!(!containerd_dir.join(".config.toml.outpost-tmp").exists());
+    assert!(!torn.exists());
     assert!(!dir.exists(), "a finished restore discards the snapshot");
     // Nothing left to restore.
     assert!(!restore_snapshot(&dir, &root).await.unwrap());
