@@ -63,9 +63,12 @@ enum Task {
     },
 }
 
-/// The pure cores mutation testing covers: (crate, files). Each file holds decisions that
-/// the crate's own tests must guard; a missed mutant there is a missing test.
-const MUTANT_CORES: &[(&str, &[&str])] = &[
+/// The pure cores mutation testing covers: (crate, files, test scope). Each file holds
+/// decisions that the crate's own tests must guard; a missed mutant there is a missing
+/// test. The scope narrows the tests run per mutant (passed to nextest) where the whole
+/// suite starts real etcd clusters or servers and would take hours per crate; the cores'
+/// guards are the unit tests beside them.
+const MUTANT_CORES: &[(&str, &[&str], &[&str])] = &[
     (
         "nodeaddr",
         &[
@@ -73,6 +76,7 @@ const MUTANT_CORES: &[(&str, &[&str])] = &[
             "crates/nodeaddr/src/plan.rs",
             "crates/nodeaddr/src/routing.rs",
         ],
+        &[],
     ),
     (
         "ha",
@@ -81,15 +85,17 @@ const MUTANT_CORES: &[(&str, &[&str])] = &[
             "crates/ha/src/grants/plan.rs",
             "crates/ha/src/etcd/rules.rs",
         ],
+        &["--lib"],
     ),
-    ("hostnode", &["crates/hostnode/src/mountinfo.rs"]),
-    ("health", &["crates/health/src/readiness.rs"]),
+    ("hostnode", &["crates/hostnode/src/mountinfo.rs"], &[]),
+    ("health", &["crates/health/src/readiness.rs"], &[]),
     (
         "testkube",
         &[
             "crates/testkube/src/strategy.rs",
             "crates/testkube/src/patch.rs",
         ],
+        &["--lib"],
     ),
 ];
 
@@ -189,8 +195,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Task::Fuzz { seconds, target } => fuzz(seconds, target),
         Task::Mutants { list: true, .. } => {
-            for (krate, files) in MUTANT_CORES {
-                println!("{krate:<10} {}", files.join(" "));
+            for (krate, files, scope) in MUTANT_CORES {
+                println!("{krate:<10} {} {}", files.join(" "), scope.join(" "));
             }
             Ok(())
         }
@@ -203,7 +209,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn mutants(only: Option<&str>, timeout: u64) -> anyhow::Result<()> {
     let cores: Vec<_> = MUTANT_CORES
         .iter()
-        .filter(|(krate, _)| only.is_none_or(|o| o == *krate))
+        .filter(|(krate, _, _)| only.is_none_or(|o| o == *krate))
         .collect();
     if cores.is_empty() {
         bail!("no pure core named {only:?}; `cargo xtask mutants --list` lists them");
@@ -218,7 +224,7 @@ fn mutants(only: Option<&str>, timeout: u64) -> anyhow::Result<()> {
     }
     let timeout = timeout.to_string();
     let mut failed = Vec::new();
-    for (krate, files) in cores {
+    for (krate, files, scope) in cores {
         let out_dir = format!("target/mutants/{krate}");
         // cargo-mutants wants the output directory's parent to exist.
         std::fs::create_dir_all(&out_dir).with_context(|| format!("cannot create {out_dir}"))?;
@@ -237,6 +243,10 @@ fn mutants(only: Option<&str>, timeout: u64) -> anyhow::Result<()> {
         ];
         for file in *files {
             args.extend(["--file", file]);
+        }
+        if !scope.is_empty() {
+            args.push("--");
+            args.extend(scope.iter().copied());
         }
         eprintln!("xtask: mutants in {krate}: {}", files.join(", "));
         // cargo-mutants exits 2 when a mutant was missed: report it and go on.
