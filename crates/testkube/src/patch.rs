@@ -408,6 +408,157 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Every list kube-apiserver merges by key, as `patchMergeKey` tags it in
+    /// `k8s.io/api`: a strategic patch naming one element by its key changes that one and
+    /// keeps its sibling (a list treated as atomic would lose the sibling).
+    #[test]
+    fn every_keyed_list_merges_by_its_key() {
+        type Wrap = fn(Value) -> Value;
+        let cases: &[(&str, &str, Value, Value, Wrap)] = &[
+            (
+                "ownerReferences",
+                "uid",
+                json!("u1"),
+                json!("u2"),
+                |l| json!({"kind": "Pod", "metadata": {"ownerReferences": l}}),
+            ),
+            (
+                "pod volumes",
+                "name",
+                json!("v1"),
+                json!("v2"),
+                |l| json!({"kind": "Pod", "spec": {"volumes": l}}),
+            ),
+            (
+                "hostAliases",
+                "ip",
+                json!("10.0.0.1"),
+                json!("10.0.0.2"),
+                |l| json!({"kind": "Pod", "spec": {"hostAliases": l}}),
+            ),
+            (
+                "topologySpreadConstraints",
+                "topologyKey",
+                json!("zone"),
+                json!("host"),
+                |l| json!({"kind": "Pod", "spec": {"topologySpreadConstraints": l}}),
+            ),
+            (
+                "volumeMounts",
+                "mountPath",
+                json!("/a"),
+                json!("/b"),
+                |l| json!({"kind": "Pod", "spec": {"containers": [{"name": "c", "volumeMounts": l}]}}),
+            ),
+            (
+                "volumeDevices",
+                "devicePath",
+                json!("/dev/a"),
+                json!("/dev/b"),
+                |l| json!({"kind": "Pod", "spec": {"containers": [{"name": "c", "volumeDevices": l}]}}),
+            ),
+            (
+                "container ports",
+                "containerPort",
+                json!(80),
+                json!(443),
+                |l| json!({"kind": "Pod", "spec": {"containers": [{"name": "c", "ports": l}]}}),
+            ),
+            (
+                "pod conditions",
+                "type",
+                json!("Ready"),
+                json!("Initialized"),
+                |l| json!({"kind": "Pod", "status": {"conditions": l}}),
+            ),
+            (
+                "resourceClaimStatuses",
+                "name",
+                json!("r1"),
+                json!("r2"),
+                |l| json!({"kind": "Pod", "status": {"resourceClaimStatuses": l}}),
+            ),
+            (
+                "node addresses",
+                "type",
+                json!("InternalIP"),
+                json!("ExternalIP"),
+                |l| json!({"kind": "Node", "status": {"addresses": l}}),
+            ),
+            (
+                "service ports",
+                "port",
+                json!(80),
+                json!(443),
+                |l| json!({"kind": "Service", "spec": {"ports": l}}),
+            ),
+            (
+                "service conditions",
+                "type",
+                json!("A"),
+                json!("B"),
+                |l| json!({"kind": "Service", "status": {"conditions": l}}),
+            ),
+            (
+                "namespace conditions",
+                "type",
+                json!("A"),
+                json!("B"),
+                |l| json!({"kind": "Namespace", "status": {"conditions": l}}),
+            ),
+            (
+                "deployment conditions",
+                "type",
+                json!("A"),
+                json!("B"),
+                |l| json!({"kind": "Deployment", "status": {"conditions": l}}),
+            ),
+            (
+                "daemonset conditions",
+                "type",
+                json!("A"),
+                json!("B"),
+                |l| json!({"kind": "DaemonSet", "status": {"conditions": l}}),
+            ),
+            (
+                "daemonset template containers",
+                "name",
+                json!("a"),
+                json!("b"),
+                |l| json!({"kind": "DaemonSet", "spec": {"template": {"spec": {"containers": l}}}}),
+            ),
+            (
+                "serviceaccount secrets",
+                "name",
+                json!("s1"),
+                json!("s2"),
+                |l| json!({"kind": "ServiceAccount", "secrets": l}),
+            ),
+        ];
+        for (what, key, first, second, wrap) in cases {
+            let target = wrap(json!([
+                {*key: first, "x": "old"},
+                {*key: second, "x": "kept"},
+            ]));
+            let patch = wrap(json!([{*key: first, "x": "new"}]));
+            let out = apply(PatchKind::Strategic, &target, patch.to_string().as_bytes())
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let want = wrap(json!([
+                {*key: first, "x": "new"},
+                {*key: second, "x": "kept"},
+            ]));
+            assert_eq!(out, want, "{what} must merge by {key}");
+        }
+    }
+
+    #[test]
+    fn delete_from_primitive_list_removes_only_the_named_values() {
+        let t = json!({"kind": "Pod", "metadata": {"finalizers": ["a", "b", "c"]}});
+        let p = br#"{"metadata": {"$deleteFromPrimitiveList/finalizers": ["b"]}}"#;
+        let out = apply(PatchKind::Strategic, &t, p).unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["a", "c"]));
+    }
+
     #[test]
     fn merge_patch_replaces_lists_and_deletes_nulls() {
         let t = json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "status": {"addresses": [{"type": "A"}, {"type": "B"}]}});
