@@ -112,76 +112,22 @@ fn generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     node.vip = args.vip;
     node.service_ip = args.service_ip;
     node.extra_sans = args.apiserver_sans.clone();
-    let kubeconfig_dir = args.kubeconfig_dir.clone().unwrap_or_else(|| {
-        args.pki_dir
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."))
-    });
-    let server = args.server.clone().unwrap_or_else(|| {
-        let host = args
-            .vip
-            .or(args.node_ip)
-            .map(|ip| match ip {
-                IpAddr::V6(v6) => format!("[{v6}]"),
-                v4 => v4.to_string(),
-            })
-            .unwrap_or_else(|| "127.0.0.1".into());
-        format!("https://{host}:6443")
-    });
-
-    // Refuse before writing anything: a run that wrote the CAs and then refused a leaf
-    // would leave a PKI nobody asked for.
-    if !args.force {
-        let mut keys: Vec<PathBuf> = Vec::new();
-        if !args.leaves_only {
-            keys.extend(
-                pki::SHARED_FILES
-                    .iter()
-                    .filter(|f| pki::is_private(f))
-                    .map(|f| args.pki_dir.join(f)),
-            );
-        }
-        keys.extend(
-            pki::node_leaf_files()
-                .iter()
-                .filter(|f| pki::is_private(f))
-                .map(|f| args.pki_dir.join(f)),
-        );
-        keys.extend(
-            pki::KUBECONFIG_FILES
-                .iter()
-                .map(|(f, _, _)| kubeconfig_dir.join(f)),
-        );
-        if let Some(existing) = keys.iter().find(|p| p.exists()) {
-            anyhow::bail!(
-                "refusing to overwrite existing key {}: pass --force to replace it{}; nothing was written",
-                existing.display(),
-                if args.leaves_only {
-                    ""
-                } else {
-                    ", or --leaves-only to keep the shared CAs and issue only this node's leaves"
-                }
-            );
-        }
+    let mut req = pki::PkiRequest::new(&args.pki_dir, node);
+    if let Some(dir) = args.kubeconfig_dir {
+        req.kubeconfig_dir = dir;
     }
-
-    let mut written = Vec::new();
-    if !args.leaves_only {
-        written.extend(pki::generate_shared(&args.pki_dir, args.force)?);
+    if let Some(server) = args.server {
+        req.server = server;
     }
-    written.extend(pki::issue_node_leaves(&args.pki_dir, &node, args.force)?);
-    written.extend(pki::write_kubeconfigs(
-        &args.pki_dir,
-        &kubeconfig_dir,
-        &server,
-        args.force,
-    )?);
-    let ca_pem = std::fs::read(args.pki_dir.join("ca.crt"))?;
-    for path in &written {
+    req.leaves_only = args.leaves_only;
+    req.overwrite = args.force;
+    // Refused before anything is written (pki::plan_pki).
+    let plan = pki::plan_pki(&req)?;
+    let pin = plan.ca_cert_hash()?;
+    for path in plan.apply()? {
         println!("wrote {}", path.display());
     }
-    println!("CA hash pin: {}", pki::ca_cert_hash(&ca_pem)?);
+    println!("CA hash pin: {pin}");
     Ok(ExitCode::SUCCESS)
 }
 
