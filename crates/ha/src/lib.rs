@@ -2,7 +2,7 @@
 //! leaking the cluster's CA keys.
 //!
 //! Part 1 (library): [`tokens`], [`grants`], [`etcd`] membership and health, the
-//! [`journal`]. Part 2 (the commands that use it): [`discovery`] (pinned token
+//! [`journal`], [`mint`] (`token create`'s protocol). Part 2 (the commands that use it): [`discovery`] (pinned token
 //! discovery), [`assembly`] (the shared node steps in their pinned order), [`join`]
 //! (a control plane joining as an etcd learner), [`node`] (`up`: bootstrap or start, then
 //! supervise), [`supervisor`] (children with restart backoff), [`bootstrap`] (the objects
@@ -17,6 +17,7 @@ pub mod etcd;
 pub mod grants;
 pub mod join;
 pub mod journal;
+pub mod mint;
 pub mod node;
 pub mod nodestate;
 pub mod operator;

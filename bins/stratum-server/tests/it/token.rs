@@ -204,7 +204,7 @@ async fn worker_token_prints_a_pinned_join_without_a_grant() -> anyhow::Result<(
         "token",
         "create",
         "--ttl",
-        "2days",
+        "2fortnights",
         "--kubeconfig",
         &kubeconfig,
         "--pki-dir",
@@ -213,7 +213,7 @@ async fn worker_token_prints_a_pinned_join_without_a_grant() -> anyhow::Result<(
     .await?;
     assert!(!out.status.success());
     assert!(
-        text(&out.stderr).contains("units are h, m and s"),
+        text(&out.stderr).contains("--ttl") && text(&out.stderr).contains("supported units"),
         "{}",
         text(&out.stderr)
     );
