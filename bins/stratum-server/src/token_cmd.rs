@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use ha::grants::{self, CertKey, UploadProfile};
-use ha::mint::{self, GrantRequest, MintRequest, Minted};
+use ha::mint::{self, Discovery, GrantRequest, MintRequest, Minted};
 use ha::tokens::MintedToken;
 
 /// `stratum-server token` subcommands.
@@ -26,7 +26,8 @@ pub enum Output {
     Json,
 }
 
-/// `stratum-server token create`.
+/// `stratum-server token create`: also ensures `kube-public/cluster-info` (the server
+/// joiners dial and the CA) and its anonymous reader, which token discovery needs.
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
     /// Mint a control-plane token: it may read the shared-cert grant, which this command
@@ -90,7 +91,11 @@ async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
-    let req = MintRequest {
+    let mut req = MintRequest {
+        discovery: Discovery {
+            server: String::new(),
+            ca_pem,
+        },
         ttl: args.ttl,
         allow_long_ttl: args.allow_long_ttl,
         description: args.description.as_deref(),
@@ -109,10 +114,13 @@ async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
         Some(server) => server.clone(),
         None => default_server(&config)?,
     };
+    // cluster-info names the address the join command tells joiners to dial.
+    req.discovery.server = ha::discovery::server_url(&server)?;
     let client = kube::Client::try_from(config).context("cannot build an API client")?;
     let Minted {
         token: minted,
         cert_key,
+        ..
     } = mint::mint(&client, &req, chrono::Utc::now()).await?;
 
     let join = join_command(&server, &minted, &ca_hash, cert_key.as_ref());

@@ -210,18 +210,19 @@ where
     Err(PublishError::Conflict { object })
 }
 
-/// Publishes (or confirms) every bootstrap object: cluster-info for `server` and
-/// `ca_pem`, its anonymous reader, the bootstrap bindings, and the control-plane ConfigMap
-/// with `etcd_endpoint` in it. Returns how many objects were written (0 on a restart with
-/// nothing changed).
-pub async fn ensure_cluster_objects(
+/// Ensures what token discovery needs, as `kubeadm join` expects it: `kube-public/
+/// cluster-info` holding a kubeconfig with `server` (an `https://` URL) and `ca_pem` (the
+/// bootstrap signer adds a `jws-kubeconfig-<token-id>` per signing token), a Role that
+/// may `get` that one ConfigMap (`resourceNames`) and nothing else, and its binding to
+/// `system:anonymous` alone. An object that differs (a broader rule, another subject) is
+/// replaced; one that matches is not written. Returns how many objects were written (0
+/// on a second run).
+pub async fn ensure_discovery(
     client: &kube::Client,
     server: &str,
     ca_pem: &[u8],
-    etcd_endpoint: &str,
 ) -> Result<usize, PublishError> {
-    let mut written = 0;
-    written += usize::from(ensure_cluster_info(client, server, ca_pem).await?);
+    let mut written = usize::from(ensure_cluster_info(client, server, ca_pem).await?);
     let public_roles: Api<Role> = Api::namespaced(client.clone(), CLUSTER_INFO_NAMESPACE);
     let public_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), CLUSTER_INFO_NAMESPACE);
     written += usize::from(
@@ -236,6 +237,20 @@ pub async fn ensure_cluster_objects(
         })
         .await?,
     );
+    Ok(written)
+}
+
+/// Publishes (or confirms) every bootstrap object: cluster-info for `server` and
+/// `ca_pem`, its anonymous reader, the bootstrap bindings, and the control-plane ConfigMap
+/// with `etcd_endpoint` in it. Returns how many objects were written (0 on a restart with
+/// nothing changed).
+pub async fn ensure_cluster_objects(
+    client: &kube::Client,
+    server: &str,
+    ca_pem: &[u8],
+    etcd_endpoint: &str,
+) -> Result<usize, PublishError> {
+    let mut written = ensure_discovery(client, server, ca_pem).await?;
     let roles: Api<Role> = Api::namespaced(client.clone(), CONTROL_PLANE_NAMESPACE);
     let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), CONTROL_PLANE_NAMESPACE);
     written += usize::from(ensure(&roles, &control_plane_role(), |a, b| a.rules == b.rules).await?);

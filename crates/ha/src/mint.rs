@@ -1,13 +1,15 @@
-//! `token create`'s mint protocol, as a library: narrow the grant reader binding, mint
-//! the token, and for a control-plane token publish the shared certs as its encrypted
-//! grant, deleting the token again when that publication fails (a control-plane token
-//! without its grant joins nothing and must not stay live).
+//! `token create`'s mint protocol, as a library: narrow the grant reader binding, ensure
+//! the discovery objects (cluster-info and its anonymous reader), mint the token, and for
+//! a control-plane token publish the shared certs as its encrypted grant, deleting the
+//! token again when that publication fails (a control-plane token without its grant
+//! joins nothing and must not stay live).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::bootstrap::{PublishError, ensure_discovery};
 use crate::grants::{self, CertKey, GrantError, GrantOwner, UploadProfile};
 use crate::tokens::{self, MintedToken, TokenError, TokenRequest, TokenRole};
 
@@ -31,9 +33,31 @@ impl std::fmt::Debug for GrantRequest {
     }
 }
 
+/// What joiners discover the cluster by: the API server URL and CA that
+/// `kube-public/cluster-info` must publish ([`crate::bootstrap::ensure_discovery`]).
+#[derive(Clone)]
+pub struct Discovery {
+    /// `https://HOST:PORT`, the address joiners are told to dial.
+    pub server: String,
+    /// The cluster CA (PEM).
+    pub ca_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for Discovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Discovery")
+            .field("server", &self.server)
+            .field("ca_pem_bytes", &self.ca_pem.len())
+            .finish()
+    }
+}
+
 /// What to mint.
 #[derive(Debug, Clone)]
 pub struct MintRequest<'a> {
+    /// The discovery objects every token relies on (ensured before the token exists, so
+    /// the signer signs cluster-info for it).
+    pub discovery: Discovery,
     /// How long the token (and its grant) lives.
     pub ttl: Duration,
     /// Let a control-plane token live longer than [`tokens::MAX_CONTROL_PLANE_TTL`].
@@ -71,6 +95,8 @@ pub struct Minted {
     /// The key that opens the token's grant (control plane only). It decrypts the CA
     /// keys: its Debug is redacted.
     pub cert_key: Option<CertKey>,
+    /// How many discovery objects this mint wrote (0 when they were already right).
+    pub discovery_writes: usize,
 }
 
 /// What the token Secret became after a failed grant publication.
@@ -116,6 +142,9 @@ pub enum MintError {
     /// The grant reader binding could not be narrowed; nothing was minted.
     #[error("cannot narrow the grant reader binding; nothing was minted")]
     Narrow(#[source] GrantError),
+    /// cluster-info or its anonymous reader could not be ensured; nothing was minted.
+    #[error("cannot publish the discovery objects joiners need; nothing was minted")]
+    Discovery(#[source] PublishError),
     /// The token could not be created.
     #[error("cannot mint the bootstrap token")]
     Token(#[source] TokenError),
@@ -138,7 +167,10 @@ pub enum MintError {
 
 /// Mints a token as `req` asks, at `now`: refuses a bad TTL before any API call, narrows
 /// an older, broader grant reader binding (every mint does, not only control-plane ones),
-/// creates the token Secret, and for a control-plane token publishes its grant under a
+/// ensures the discovery objects ([`ensure_discovery`]: cluster-info with the server and
+/// CA, readable anonymously and nothing else), creates the token Secret (with
+/// `usage-bootstrap-signing`, `usage-bootstrap-authentication` and its role's
+/// `auth-extra-groups`), and for a control-plane token publishes its grant under a
 /// fresh certificate-key. When that publication fails the token is deleted again (by UID)
 /// and [`MintError::Grant`] says whether the delete worked.
 pub async fn mint(
@@ -150,6 +182,9 @@ pub async fn mint(
     grants::narrow_certs_reader_binding(client)
         .await
         .map_err(MintError::Narrow)?;
+    let discovery_writes = ensure_discovery(client, &req.discovery.server, &req.discovery.ca_pem)
+        .await
+        .map_err(MintError::Discovery)?;
     let token = tokens::mint_token(
         client,
         &TokenRequest {
@@ -166,6 +201,7 @@ pub async fn mint(
         return Ok(Minted {
             token,
             cert_key: None,
+            discovery_writes,
         });
     };
     let key = CertKey::generate();
@@ -183,6 +219,7 @@ pub async fn mint(
         Ok(_) => Ok(Minted {
             token,
             cert_key: Some(key),
+            discovery_writes,
         }),
         Err(source) => {
             let cleanup = match tokens::delete_token(client, &token).await {

@@ -181,6 +181,15 @@ async fn worker_token_prints_a_pinned_join_without_a_grant() -> anyhow::Result<(
     assert_eq!(groups.as_slice(), tokens::WORKER_GROUP.as_bytes());
     let api: Api<Secret> = Api::namespaced(client.clone(), grants::NAMESPACE);
     assert!(api.get_opt(grants::SECRET_NAME).await?.is_none());
+    // cluster-info names the server the join command dials, with the cluster CA.
+    let info: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kube-public");
+    let info = info.get("cluster-info").await?;
+    let kubeconfig_text = &info.data.context("cluster-info data")?["kubeconfig"];
+    assert!(
+        kubeconfig_text.contains("https://cp.example:6443"),
+        "{kubeconfig_text}"
+    );
 
     // A pki dir without the CA is refused before anything is minted.
     let empty = tempfile::tempdir()?;
