@@ -1,11 +1,12 @@
 //! `stratum-server certs ...`: create the cluster PKI and report its expiry.
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
+use ha::operator::KeyAge;
 
 /// `stratum-server certs` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -142,71 +143,12 @@ fn human(secs: i64) -> String {
     }
 }
 
-/// The shared certificate-key's state, as `certs check` reports it.
-#[derive(Debug)]
-enum KeyAge {
-    /// No --kubeconfig: not asked.
-    NotChecked,
-    /// No grant Secret: nothing published.
-    NotPublished,
-    /// Set this long ago.
-    Set { set_at: String, age_secs: i64 },
-    /// The API could not be asked.
-    Error { error: String },
-}
-
-impl KeyAge {
-    fn to_json(&self) -> serde_json::Value {
-        match self {
-            KeyAge::NotChecked => serde_json::json!({ "state": "not_checked" }),
-            KeyAge::NotPublished => serde_json::json!({ "state": "not_published" }),
-            KeyAge::Set { set_at, age_secs } => {
-                serde_json::json!({ "state": "set", "set_at": set_at, "age_secs": age_secs })
-            }
-            KeyAge::Error { error } => serde_json::json!({ "state": "error", "error": error }),
-        }
-    }
-}
-
-async fn key_age(kubeconfig: Option<&Path>, now: SystemTime) -> KeyAge {
-    let Some(path) = kubeconfig else {
-        return KeyAge::NotChecked;
-    };
-    let client = match ha::grants::client_from_kubeconfig(path).await {
-        Ok(c) => c,
-        Err(e) => {
-            return KeyAge::Error {
-                error: e.to_string(),
-            };
-        }
-    };
-    match ha::grants::shared_certs_key_set_at(&client).await {
-        Ok(None) => KeyAge::NotPublished,
-        Ok(Some(at)) => {
-            let now: chrono::DateTime<chrono::Utc> = now.into();
-            KeyAge::Set {
-                set_at: at.to_rfc3339(),
-                age_secs: (now - at).num_seconds(),
-            }
-        }
-        Err(e) => KeyAge::Error {
-            error: e.to_string(),
-        },
-    }
-}
-
 async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let now = SystemTime::now();
     let report = pki::check(&args.pki_dir, now)?;
-    let key = key_age(args.kubeconfig.as_deref(), now).await;
+    let key = ha::operator::certificate_key_age(args.kubeconfig.as_deref(), now.into()).await;
     let attention = report.attention(args.warn_within);
-    let key_failed = match &key {
-        KeyAge::Error { .. } => true,
-        KeyAge::Set { age_secs, .. } => args
-            .key_max_age
-            .is_some_and(|max| *age_secs > max.as_secs() as i64),
-        _ => false,
-    };
+    let key_failed = key.fails(args.key_max_age);
     let ok = attention.is_empty() && !key_failed && !report.certs.is_empty();
 
     match args.output {
@@ -215,7 +157,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 "pki_dir": args.pki_dir,
                 "warn_within_secs": args.warn_within.as_secs(),
                 "certificates": report.certs,
-                "certificate_key": key.to_json(),
+                "certificate_key": key,
                 "ok": ok,
             });
             println!("{}", serde_json::to_string_pretty(&out)?);
@@ -289,6 +231,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn gen_args(dir: &Path) -> GenerateArgs {
         GenerateArgs {
