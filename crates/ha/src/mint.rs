@@ -115,22 +115,10 @@ impl std::fmt::Display for Cleanup {
             Cleanup::Failed(e) => write!(
                 f,
                 "the token could not be deleted ({}): delete it by hand",
-                chain(e)
+                crate::error_chain(e)
             ),
         }
     }
-}
-
-/// An error and its causes, `: `-joined.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(s) = next {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        next = s.source();
-    }
-    out
 }
 
 /// A mint that failed, at the step it names.

@@ -102,7 +102,7 @@ pub async fn run(
                 }
                 Err(e) => {
                     metrics.pass_errors.inc();
-                    tracing::warn!("operator pass failed: {e}");
+                    tracing::warn!("operator pass failed: {}", crate::error_chain(&e));
                 }
             }
         }
@@ -149,20 +149,6 @@ impl KeyAge {
     }
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(s) = next {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = s.source();
-    }
-    out
-}
-
 /// The shared certificate-key's age at `now`, asked with the admin `kubeconfig` (none:
 /// [`KeyAge::NotChecked`]). A failure to ask is a value ([`KeyAge::Error`]), so the
 /// report still shows every certificate.
@@ -175,7 +161,11 @@ pub async fn certificate_key_age(
     };
     let client = match crate::grants::client_from_kubeconfig(path).await {
         Ok(c) => c,
-        Err(e) => return KeyAge::Error { error: chain(&e) },
+        Err(e) => {
+            return KeyAge::Error {
+                error: crate::error_chain(&e),
+            };
+        }
     };
     match crate::grants::shared_certs_key_set_at(&client).await {
         Ok(None) => KeyAge::NotPublished,
@@ -183,7 +173,9 @@ pub async fn certificate_key_age(
             set_at: at.to_rfc3339(),
             age_secs: (now - at).num_seconds(),
         },
-        Err(e) => KeyAge::Error { error: chain(&e) },
+        Err(e) => KeyAge::Error {
+            error: crate::error_chain(&e),
+        },
     }
 }
 
