@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use ha::bootstrap::ServerPolicy;
 use ha::grants::{self, CertKey, UploadProfile};
 use ha::mint::{self, Discovery, GrantRequest, MintRequest, Minted};
 use ha::tokens::MintedToken;
@@ -95,6 +96,13 @@ async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
         discovery: Discovery {
             server: String::new(),
             ca_pem,
+            // A named --server is what joiners dial: publish it. Without one, the
+            // kubeconfig's server only fills a missing cluster-info.
+            policy: if args.server.is_some() {
+                ServerPolicy::Replace
+            } else {
+                ServerPolicy::KeepPublished
+            },
         },
         ttl: args.ttl,
         allow_long_ttl: args.allow_long_ttl,

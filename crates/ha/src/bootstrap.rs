@@ -222,7 +222,29 @@ pub async fn ensure_discovery(
     server: &str,
     ca_pem: &[u8],
 ) -> Result<usize, PublishError> {
-    let mut written = usize::from(ensure_cluster_info(client, server, ca_pem).await?);
+    ensure_discovery_with(client, server, ca_pem, ServerPolicy::Replace).await
+}
+
+/// Whose API server URL cluster-info keeps when it already holds this CA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerPolicy {
+    /// Make it `server` (the bootstrap, or an operator who named the server).
+    Replace,
+    /// Keep the published server when cluster-info already carries this CA; `server` is
+    /// used only to create it or to replace one with another CA. A joining control plane
+    /// writes its kubeconfigs with cluster-info's server, so a `token create` run through
+    /// a kubeconfig that points at `127.0.0.1` must not replace the VIP `up` published.
+    KeepPublished,
+}
+
+/// [`ensure_discovery`] with a [`ServerPolicy`].
+pub async fn ensure_discovery_with(
+    client: &kube::Client,
+    server: &str,
+    ca_pem: &[u8],
+    policy: ServerPolicy,
+) -> Result<usize, PublishError> {
+    let mut written = usize::from(ensure_cluster_info_with(client, server, ca_pem, policy).await?);
     let public_roles: Api<Role> = Api::namespaced(client.clone(), CLUSTER_INFO_NAMESPACE);
     let public_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), CLUSTER_INFO_NAMESPACE);
     written += usize::from(
@@ -280,6 +302,23 @@ pub async fn ensure_cluster_info(
     server: &str,
     ca_pem: &[u8],
 ) -> Result<bool, PublishError> {
+    ensure_cluster_info_with(client, server, ca_pem, ServerPolicy::Replace).await
+}
+
+/// The server of a published cluster-info kubeconfig when it is exactly what
+/// [`cluster_info_kubeconfig`] renders for that server and `ca_pem` (pure).
+pub fn published_server_with_ca(kubeconfig: &str, ca_pem: &[u8]) -> Option<String> {
+    let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig).ok()?;
+    let server = parsed.clusters.first()?.cluster.as_ref()?.server.clone()?;
+    (cluster_info_kubeconfig(&server, ca_pem) == kubeconfig).then_some(server)
+}
+
+async fn ensure_cluster_info_with(
+    client: &kube::Client,
+    server: &str,
+    ca_pem: &[u8],
+    policy: ServerPolicy,
+) -> Result<bool, PublishError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), CLUSTER_INFO_NAMESPACE);
     let object = format!("ConfigMap {CLUSTER_INFO_NAMESPACE}/{CLUSTER_INFO_NAME}");
     let kubeconfig = cluster_info_kubeconfig(server, ca_pem);
@@ -290,7 +329,13 @@ pub async fn ensure_cluster_info(
             .map_err(api_err("read", &object))?;
         let result = match observed {
             Some(cm) => {
-                if cm.data.as_ref().and_then(|d| d.get(KUBECONFIG_KEY)) == Some(&kubeconfig) {
+                let published = cm.data.as_ref().and_then(|d| d.get(KUBECONFIG_KEY));
+                if published == Some(&kubeconfig) {
+                    return Ok(false);
+                }
+                if policy == ServerPolicy::KeepPublished
+                    && published.is_some_and(|p| published_server_with_ca(p, ca_pem).is_some())
+                {
                     return Ok(false);
                 }
                 // The resourceVersion in the patch makes it conditional on what was read.
@@ -429,6 +474,17 @@ mod tests {
         let subjects = b.subjects.unwrap();
         assert_eq!(subjects.len(), 1);
         assert_eq!(subjects[0].name, CONTROL_PLANE_GROUP);
+    }
+
+    #[test]
+    fn a_published_server_is_recognised_only_with_the_same_ca() {
+        let published = cluster_info_kubeconfig("https://10.0.0.100:6443", b"CA-ONE");
+        assert_eq!(
+            published_server_with_ca(&published, b"CA-ONE").as_deref(),
+            Some("https://10.0.0.100:6443")
+        );
+        assert_eq!(published_server_with_ca(&published, b"CA-TWO"), None);
+        assert_eq!(published_server_with_ca("not: [yaml", b"CA-ONE"), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::bootstrap::{PublishError, ensure_discovery};
+use crate::bootstrap::{PublishError, ServerPolicy, ensure_discovery_with};
 use crate::grants::{self, CertKey, GrantError, GrantOwner, UploadProfile};
 use crate::tokens::{self, MintedToken, TokenError, TokenRequest, TokenRole};
 
@@ -41,6 +41,9 @@ pub struct Discovery {
     pub server: String,
     /// The cluster CA (PEM).
     pub ca_pem: Vec<u8>,
+    /// Whether `server` replaces a published cluster-info's server that carries the same
+    /// CA ([`ServerPolicy`]).
+    pub policy: ServerPolicy,
 }
 
 impl std::fmt::Debug for Discovery {
@@ -48,6 +51,7 @@ impl std::fmt::Debug for Discovery {
         f.debug_struct("Discovery")
             .field("server", &self.server)
             .field("ca_pem_bytes", &self.ca_pem.len())
+            .field("policy", &self.policy)
             .finish()
     }
 }
@@ -155,7 +159,7 @@ pub enum MintError {
 
 /// Mints a token as `req` asks, at `now`: refuses a bad TTL before any API call, narrows
 /// an older, broader grant reader binding (every mint does, not only control-plane ones),
-/// ensures the discovery objects ([`ensure_discovery`]: cluster-info with the server and
+/// ensures the discovery objects ([`ensure_discovery_with`]: cluster-info with the server and
 /// CA, readable anonymously and nothing else), creates the token Secret (with
 /// `usage-bootstrap-signing`, `usage-bootstrap-authentication` and its role's
 /// `auth-extra-groups`), and for a control-plane token publishes its grant under a
@@ -170,9 +174,14 @@ pub async fn mint(
     grants::narrow_certs_reader_binding(client)
         .await
         .map_err(MintError::Narrow)?;
-    let discovery_writes = ensure_discovery(client, &req.discovery.server, &req.discovery.ca_pem)
-        .await
-        .map_err(MintError::Discovery)?;
+    let discovery_writes = ensure_discovery_with(
+        client,
+        &req.discovery.server,
+        &req.discovery.ca_pem,
+        req.discovery.policy,
+    )
+    .await
+    .map_err(MintError::Discovery)?;
     let token = tokens::mint_token(
         client,
         &TokenRequest {

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ha::bootstrap::ServerPolicy;
 use ha::grants::{self, UploadProfile};
 use ha::mint::{self, Cleanup, Discovery, GrantRequest, MintError, MintRequest};
 use ha::tokens::TokenRole;
@@ -28,6 +29,7 @@ fn request(server: &ApiServer, grant: Option<GrantRequest>) -> MintRequest<'stat
         discovery: Discovery {
             server: server.url(),
             ca_pem: server.ca_pem().into_bytes(),
+            policy: ServerPolicy::KeepPublished,
         },
         ttl: Duration::from_secs(3600),
         allow_long_ttl: false,
@@ -295,6 +297,29 @@ async fn a_minted_token_discovers_the_cluster_anonymously_and_nothing_else_is_pu
         .get(CLUSTER_INFO_READER)
         .await?;
     assert_eq!(role.rules, bootstrap::cluster_info_role().rules);
+
+    // Another server: kept out when the published cluster-info carries this CA and the
+    // policy keeps it (a kubeconfig pointing at 127.0.0.1 must not replace the VIP);
+    // published when asked to replace.
+    let mut other = request(&server, None);
+    other.discovery.server = "https://10.9.9.9:6443".into();
+    let kept = mint::mint(&client, &other, chrono::Utc::now()).await?;
+    assert_eq!(kept.discovery_writes, 0);
+    let info_server = || async {
+        let cm: ConfigMap = Api::namespaced(client.clone(), "kube-public")
+            .get("cluster-info")
+            .await
+            .unwrap();
+        cm.data.unwrap_or_default()["kubeconfig"].clone()
+    };
+    assert!(info_server().await.contains(&url), "kept");
+    other.discovery.policy = ServerPolicy::Replace;
+    let replaced = mint::mint(&client, &other, chrono::Utc::now()).await?;
+    assert_eq!(replaced.discovery_writes, 1);
+    assert!(
+        info_server().await.contains("https://10.9.9.9:6443"),
+        "replaced"
+    );
     server.shutdown().await;
     Ok(())
 }
