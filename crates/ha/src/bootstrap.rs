@@ -305,12 +305,22 @@ pub async fn ensure_cluster_info(
     ensure_cluster_info_with(client, server, ca_pem, ServerPolicy::Replace).await
 }
 
-/// The server of a published cluster-info kubeconfig when it is exactly what
-/// [`cluster_info_kubeconfig`] renders for that server and `ca_pem` (pure).
+/// The server of a published cluster-info kubeconfig when its one cluster carries
+/// `ca_pem` as its CA (pure).
 pub fn published_server_with_ca(kubeconfig: &str, ca_pem: &[u8]) -> Option<String> {
+    use base64::Engine as _;
     let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig).ok()?;
-    let server = parsed.clusters.first()?.cluster.as_ref()?.server.clone()?;
-    (cluster_info_kubeconfig(&server, ca_pem) == kubeconfig).then_some(server)
+    let [named] = parsed.clusters.as_slice() else {
+        return None;
+    };
+    let cluster = named.cluster.as_ref()?;
+    let ca = base64::engine::general_purpose::STANDARD
+        .decode(cluster.certificate_authority_data.as_deref()?.trim())
+        .ok()?;
+    if ca != ca_pem {
+        return None;
+    }
+    cluster.server.clone()
 }
 
 async fn ensure_cluster_info_with(
