@@ -37,7 +37,7 @@ pub struct CreateArgs {
     pub control_plane: bool,
     /// How long the token (and a control-plane token's grant) lives: e.g. 2h, 30m, 1h30m.
     /// A control-plane token lives at most 24h unless --allow-long-ttl is given.
-    #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2h", value_parser = ha::tokens::parse_ttl)]
     pub ttl: std::time::Duration,
     /// Let a control-plane token (whose grant decrypts the CA keys) live longer than 24h.
     #[arg(long)]

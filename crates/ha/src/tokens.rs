@@ -459,12 +459,21 @@ pub async fn lookup_token_state(
 }
 
 /// Parses a token lifetime with `humantime`, like every duration flag of the project
-/// (`2h`, `1h30m`, `90s`, `1d`).
+/// (`2h`, `1h30m`, `90s`, `1d`). A token's expiration is written in whole seconds, so a
+/// lifetime with a fraction of a second is refused rather than silently cut.
 pub fn parse_ttl(text: &str) -> Result<Duration, TokenError> {
-    humantime::parse_duration(text.trim()).map_err(|e| TokenError::Ttl {
+    let bad = |reason: String| TokenError::Ttl {
         text: text.to_string(),
-        reason: format!("{e}; write e.g. 2h, 30m or 1h30m"),
-    })
+        reason,
+    };
+    let ttl = humantime::parse_duration(text.trim())
+        .map_err(|e| bad(format!("{e}; write e.g. 2h, 30m or 1h30m")))?;
+    if ttl.subsec_nanos() != 0 {
+        return Err(bad(
+            "a token lifetime is whole seconds; write e.g. 2h, 30m or 1h30m".into(),
+        ));
+    }
+    Ok(ttl)
 }
 
 /// The bootstrap token a kubeconfig authenticates with: the token of the current context's
@@ -758,7 +767,7 @@ mod tests {
         assert_eq!(parse_ttl("1h30m").unwrap(), Duration::from_secs(5400));
         assert_eq!(parse_ttl("90s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_ttl("1d").unwrap(), Duration::from_secs(86400));
-        for bad in ["", "2", "h", "-1h", "2x"] {
+        for bad in ["", "2", "h", "-1h", "2x", "1500ms"] {
             let err = parse_ttl(bad).unwrap_err().to_string();
             assert!(err.contains("write e.g. 2h"), "{bad:?}: {err}");
         }
