@@ -1,11 +1,12 @@
 //! `stratum-server certs ...`: create the cluster PKI and report its expiry.
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
+use ha::operator::KeyAge;
 
 /// `stratum-server certs` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -112,76 +113,22 @@ fn generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     node.vip = args.vip;
     node.service_ip = args.service_ip;
     node.extra_sans = args.apiserver_sans.clone();
-    let kubeconfig_dir = args.kubeconfig_dir.clone().unwrap_or_else(|| {
-        args.pki_dir
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."))
-    });
-    let server = args.server.clone().unwrap_or_else(|| {
-        let host = args
-            .vip
-            .or(args.node_ip)
-            .map(|ip| match ip {
-                IpAddr::V6(v6) => format!("[{v6}]"),
-                v4 => v4.to_string(),
-            })
-            .unwrap_or_else(|| "127.0.0.1".into());
-        format!("https://{host}:6443")
-    });
-
-    // Refuse before writing anything: a run that wrote the CAs and then refused a leaf
-    // would leave a PKI nobody asked for.
-    if !args.force {
-        let mut keys: Vec<PathBuf> = Vec::new();
-        if !args.leaves_only {
-            keys.extend(
-                pki::SHARED_FILES
-                    .iter()
-                    .filter(|f| pki::is_private(f))
-                    .map(|f| args.pki_dir.join(f)),
-            );
-        }
-        keys.extend(
-            pki::node_leaf_files()
-                .iter()
-                .filter(|f| pki::is_private(f))
-                .map(|f| args.pki_dir.join(f)),
-        );
-        keys.extend(
-            pki::KUBECONFIG_FILES
-                .iter()
-                .map(|(f, _, _)| kubeconfig_dir.join(f)),
-        );
-        if let Some(existing) = keys.iter().find(|p| p.exists()) {
-            anyhow::bail!(
-                "refusing to overwrite existing key {}: pass --force to replace it{}; nothing was written",
-                existing.display(),
-                if args.leaves_only {
-                    ""
-                } else {
-                    ", or --leaves-only to keep the shared CAs and issue only this node's leaves"
-                }
-            );
-        }
+    let mut req = pki::PkiRequest::new(&args.pki_dir, node);
+    if let Some(dir) = args.kubeconfig_dir {
+        req.kubeconfig_dir = dir;
     }
-
-    let mut written = Vec::new();
-    if !args.leaves_only {
-        written.extend(pki::generate_shared(&args.pki_dir, args.force)?);
+    if let Some(server) = args.server {
+        req.server = server;
     }
-    written.extend(pki::issue_node_leaves(&args.pki_dir, &node, args.force)?);
-    written.extend(pki::write_kubeconfigs(
-        &args.pki_dir,
-        &kubeconfig_dir,
-        &server,
-        args.force,
-    )?);
-    let ca_pem = std::fs::read(args.pki_dir.join("ca.crt"))?;
-    for path in &written {
+    req.leaves_only = args.leaves_only;
+    req.overwrite = args.force;
+    // Refused before anything is written (pki::plan_pki).
+    let plan = pki::plan_pki(&req)?;
+    let pin = plan.ca_cert_hash()?;
+    for path in plan.apply()? {
         println!("wrote {}", path.display());
     }
-    println!("CA hash pin: {}", pki::ca_cert_hash(&ca_pem)?);
+    println!("CA hash pin: {pin}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -196,71 +143,12 @@ fn human(secs: i64) -> String {
     }
 }
 
-/// The shared certificate-key's state, as `certs check` reports it.
-#[derive(Debug)]
-enum KeyAge {
-    /// No --kubeconfig: not asked.
-    NotChecked,
-    /// No grant Secret: nothing published.
-    NotPublished,
-    /// Set this long ago.
-    Set { set_at: String, age_secs: i64 },
-    /// The API could not be asked.
-    Error { error: String },
-}
-
-impl KeyAge {
-    fn to_json(&self) -> serde_json::Value {
-        match self {
-            KeyAge::NotChecked => serde_json::json!({ "state": "not_checked" }),
-            KeyAge::NotPublished => serde_json::json!({ "state": "not_published" }),
-            KeyAge::Set { set_at, age_secs } => {
-                serde_json::json!({ "state": "set", "set_at": set_at, "age_secs": age_secs })
-            }
-            KeyAge::Error { error } => serde_json::json!({ "state": "error", "error": error }),
-        }
-    }
-}
-
-async fn key_age(kubeconfig: Option<&Path>, now: SystemTime) -> KeyAge {
-    let Some(path) = kubeconfig else {
-        return KeyAge::NotChecked;
-    };
-    let client = match ha::grants::client_from_kubeconfig(path).await {
-        Ok(c) => c,
-        Err(e) => {
-            return KeyAge::Error {
-                error: e.to_string(),
-            };
-        }
-    };
-    match ha::grants::shared_certs_key_set_at(&client).await {
-        Ok(None) => KeyAge::NotPublished,
-        Ok(Some(at)) => {
-            let now: chrono::DateTime<chrono::Utc> = now.into();
-            KeyAge::Set {
-                set_at: at.to_rfc3339(),
-                age_secs: (now - at).num_seconds(),
-            }
-        }
-        Err(e) => KeyAge::Error {
-            error: e.to_string(),
-        },
-    }
-}
-
 async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let now = SystemTime::now();
     let report = pki::check(&args.pki_dir, now)?;
-    let key = key_age(args.kubeconfig.as_deref(), now).await;
+    let key = ha::operator::certificate_key_age(args.kubeconfig.as_deref(), now.into()).await;
     let attention = report.attention(args.warn_within);
-    let key_failed = match &key {
-        KeyAge::Error { .. } => true,
-        KeyAge::Set { age_secs, .. } => args
-            .key_max_age
-            .is_some_and(|max| *age_secs > max.as_secs() as i64),
-        _ => false,
-    };
+    let key_failed = key.fails(args.key_max_age);
     let ok = attention.is_empty() && !key_failed && !report.certs.is_empty();
 
     match args.output {
@@ -269,7 +157,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 "pki_dir": args.pki_dir,
                 "warn_within_secs": args.warn_within.as_secs(),
                 "certificates": report.certs,
-                "certificate_key": key.to_json(),
+                "certificate_key": key,
                 "ok": ok,
             });
             println!("{}", serde_json::to_string_pretty(&out)?);
@@ -343,6 +231,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn gen_args(dir: &Path) -> GenerateArgs {
         GenerateArgs {

@@ -186,39 +186,15 @@ async fn reconcile(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
     if args.once {
         return Ok(once(&r).await);
     }
-    let lease = daemon::LeaseConfig::new(nodeaddr::LEASE_NAMESPACE, nodeaddr::LEASE_NAME, identity)
-        .with_timings(
-            args.lease_duration,
-            args.lease_renew_deadline,
-            args.lease_retry,
-        );
-    let election = daemon::LeaderElection::new(r.client.clone(), lease)
-        .context("invalid --lease-duration/--lease-renew-deadline/--lease-retry")?;
-    // Bind before any work, so a taken port fails the start, not a later scrape.
-    let admin_addr = args.admin_listen.to_string();
-    let listener = daemon::AdminServer::bind(&admin_addr)
+    let mut opts = nodeaddr::ServeOptions::new(args.admin_listen.to_string(), identity);
+    opts.lease = opts.lease.with_timings(
+        args.lease_duration,
+        args.lease_renew_deadline,
+        args.lease_retry,
+    );
+    nodeaddr::serve(&r, opts, cmdline::shutdown_token())
         .await
         .map_err(|e| anyhow::anyhow!(nodeaddr::error_chain(&e)))?;
-    let mut registry = prometheus_client::registry::Registry::default();
-    let monitor = r.monitor();
-    monitor.register(&mut registry);
-    election.register_metrics(registry.sub_registry_with_prefix("nodeaddr"));
-    let admin = daemon::AdminServer::new(registry).with_status(move || {
-        serde_json::to_value(monitor.status()).unwrap_or(serde_json::Value::Null)
-    });
-
-    let cancel = cmdline::shutdown_token();
-    let (leader, election_task) = election.spawn(cancel.clone());
-    let admin_task = tokio::spawn(admin.serve(listener, cancel.clone()));
-    r.run(cancel.clone(), leader).await;
-    // The election releases the Lease on the way out, so a standby need not wait it out.
-    cancel.cancel();
-    election_task
-        .await
-        .context("the lease election task panicked")?;
-    admin_task
-        .await
-        .context("the admin listener task panicked")?;
     Ok(ExitCode::SUCCESS)
 }
 

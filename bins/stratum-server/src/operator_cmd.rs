@@ -55,39 +55,11 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let listener = daemon::AdminServer::bind(&args.admin_listen).await?;
-    let identity = args
-        .identity
-        .clone()
-        .unwrap_or_else(daemon::default_identity);
-    let shutdown = cmdline::shutdown_token();
-    let election = daemon::LeaderElection::new(
-        client.clone(),
-        daemon::LeaseConfig::new(
-            ha::operator::LEASE_NAMESPACE,
-            ha::operator::LEASE_NAME,
-            identity,
-        ),
-    )?;
-    let mut registry = prometheus_client::registry::Registry::with_prefix("stratum");
-    let metrics = ha::operator::Metrics::default();
-    metrics.register(&mut registry);
-    election.register_metrics(registry.sub_registry_with_prefix("operator"));
-    let (leader, election_task) = election.spawn(shutdown.clone());
-    let status_leader = leader.clone();
-    let admin = daemon::AdminServer::new(registry).with_status(move || {
-        let s = status_leader.status();
-        serde_json::json!({"leader": status_leader.is_leader(), "holder": s.holder, "transitions": s.transitions})
-    });
-    let admin_task = tokio::spawn(admin.serve(listener, shutdown.clone()));
-    let is_leader = {
-        let leader = leader.clone();
-        move || leader.is_leader()
+    let opts = ha::operator::ServeOptions {
+        admin_listen: args.admin_listen,
+        identity: args.identity.unwrap_or_else(daemon::default_identity),
+        interval: args.interval,
     };
-    ha::operator::run(&client, args.interval, is_leader, &metrics, &shutdown).await;
-    election_task
-        .await
-        .context("the leader election task failed")?;
-    admin_task.await.context("the admin listener failed")?;
+    ha::operator::serve(&client, opts, &cmdline::shutdown_token()).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use ha::grants::{self, CertKey, GrantOwner, UploadProfile};
-use ha::tokens::{self, MintedToken, TokenRole};
+use ha::bootstrap::ServerPolicy;
+use ha::grants::{self, CertKey, UploadProfile};
+use ha::mint::{self, Discovery, GrantRequest, MintRequest, Minted};
+use ha::tokens::MintedToken;
 
 /// `stratum-server token` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -25,7 +27,8 @@ pub enum Output {
     Json,
 }
 
-/// `stratum-server token create`.
+/// `stratum-server token create`: also ensures `kube-public/cluster-info` (the server
+/// joiners dial and the CA) and its anonymous reader, which token discovery needs.
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
     /// Mint a control-plane token: it may read the shared-cert grant, which this command
@@ -34,8 +37,8 @@ pub struct CreateArgs {
     pub control_plane: bool,
     /// How long the token (and a control-plane token's grant) lives: e.g. 2h, 30m, 1h30m.
     /// A control-plane token lives at most 24h unless --allow-long-ttl is given.
-    #[arg(long, default_value = "2h")]
-    pub ttl: String,
+    #[arg(long, default_value = "2h", value_parser = ha::tokens::parse_ttl)]
+    pub ttl: std::time::Duration,
     /// Let a control-plane token (whose grant decrypts the CA keys) live longer than 24h.
     #[arg(long)]
     pub allow_long_ttl: bool,
@@ -69,14 +72,6 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
 }
 
 async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
-    // Everything that can be refused locally is checked before anything is minted.
-    let ttl = tokens::parse_ttl(&args.ttl)?;
-    let role = if args.control_plane {
-        TokenRole::ControlPlane
-    } else {
-        TokenRole::Worker
-    };
-    tokens::token_expiration(role, ttl, args.allow_long_ttl, chrono::Utc::now())?;
     let ca_path = args.pki_dir.join("ca.crt");
     let ca_pem = std::fs::read(&ca_path).with_context(|| {
         format!(
@@ -86,11 +81,36 @@ async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
     })?;
     let ca_hash = pki::ca_cert_hash(&ca_pem)
         .with_context(|| format!("cannot compute the CA hash pin of {}", ca_path.display()))?;
-    let files = if args.control_plane {
-        Some(grants::read_bundle_files(&args.pki_dir)?)
+    let grant = if args.control_plane {
+        Some(GrantRequest {
+            files: grants::read_bundle_files(&args.pki_dir)?,
+            profile: UploadProfile {
+                vip: args.vip.clone(),
+                etcd_endpoints: args.etcd_endpoints.clone(),
+            },
+        })
     } else {
         None
     };
+    let mut req = MintRequest {
+        discovery: Discovery {
+            server: String::new(),
+            ca_pem,
+            // A named --server is what joiners dial: publish it. Without one, the
+            // kubeconfig's server only fills a missing cluster-info.
+            policy: if args.server.is_some() {
+                ServerPolicy::Replace
+            } else {
+                ServerPolicy::KeepPublished
+            },
+        },
+        ttl: args.ttl,
+        allow_long_ttl: args.allow_long_ttl,
+        description: args.description.as_deref(),
+        grant,
+    };
+    // Everything that can be refused locally is refused before the API is asked.
+    req.expiration(chrono::Utc::now())?;
 
     let config = match &args.kubeconfig {
         Some(path) => load_kubeconfig(path).await?,
@@ -102,53 +122,14 @@ async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
         Some(server) => server.clone(),
         None => default_server(&config)?,
     };
+    // cluster-info names the address the join command tells joiners to dial.
+    req.discovery.server = ha::discovery::server_url(&server)?;
     let client = kube::Client::try_from(config).context("cannot build an API client")?;
-
-    // Every mint narrows an old, broader reader binding, not only control-plane mints.
-    grants::narrow_certs_reader_binding(&client).await?;
-
-    let minted = tokens::mint_token(
-        &client,
-        &tokens::TokenRequest {
-            role,
-            ttl,
-            description: args.description.as_deref(),
-            allow_long_ttl: args.allow_long_ttl,
-        },
-        chrono::Utc::now(),
-    )
-    .await?;
-
-    let cert_key = match files {
-        Some(files) => {
-            let key = CertKey::generate();
-            let profile = UploadProfile {
-                vip: args.vip.clone(),
-                etcd_endpoints: args.etcd_endpoints.clone(),
-            };
-            let owner = GrantOwner::from(&minted);
-            if let Err(err) =
-                grants::upload_certs(&client, &key, &owner, &files, &profile, grants::no_confirm)
-                    .await
-            {
-                // A control-plane token without its grant joins nothing; do not leave it live.
-                let cleanup = tokens::delete_token(&client, &minted).await;
-                let note = match cleanup {
-                    Ok(()) => "the token was deleted again".to_string(),
-                    Err(e) => format!(
-                        "the token could not be deleted ({e:#}): delete \
-                         kube-system/bootstrap-token-{} by hand",
-                        minted.token.id()
-                    ),
-                };
-                return Err(anyhow::Error::new(err).context(format!(
-                    "cannot publish the shared certs for this control-plane token; {note}"
-                )));
-            }
-            Some(key)
-        }
-        None => None,
-    };
+    let Minted {
+        token: minted,
+        cert_key,
+        ..
+    } = mint::mint(&client, &req, chrono::Utc::now()).await?;
 
     let join = join_command(&server, &minted, &ca_hash, cert_key.as_ref());
     if cert_key.is_some() {

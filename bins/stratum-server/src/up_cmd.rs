@@ -34,11 +34,7 @@ pub struct UpArgs {
 
 /// The kubeconfig directory of a PKI directory (kubeadm's layout: its parent).
 pub fn kubeconfig_dir(pki_dir: &Path) -> PathBuf {
-    pki_dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    pki::default_kubeconfig_dir(pki_dir)
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {

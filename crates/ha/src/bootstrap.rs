@@ -210,18 +210,41 @@ where
     Err(PublishError::Conflict { object })
 }
 
-/// Publishes (or confirms) every bootstrap object: cluster-info for `server` and
-/// `ca_pem`, its anonymous reader, the bootstrap bindings, and the control-plane ConfigMap
-/// with `etcd_endpoint` in it. Returns how many objects were written (0 on a restart with
-/// nothing changed).
-pub async fn ensure_cluster_objects(
+/// Ensures what token discovery needs, as `kubeadm join` expects it: `kube-public/
+/// cluster-info` holding a kubeconfig with `server` (an `https://` URL) and `ca_pem` (the
+/// bootstrap signer adds a `jws-kubeconfig-<token-id>` per signing token), a Role that
+/// may `get` that one ConfigMap (`resourceNames`) and nothing else, and its binding to
+/// `system:anonymous` alone. An object that differs (a broader rule, another subject) is
+/// replaced; one that matches is not written. Returns how many objects were written (0
+/// on a second run).
+pub async fn ensure_discovery(
     client: &kube::Client,
     server: &str,
     ca_pem: &[u8],
-    etcd_endpoint: &str,
 ) -> Result<usize, PublishError> {
-    let mut written = 0;
-    written += usize::from(ensure_cluster_info(client, server, ca_pem).await?);
+    ensure_discovery_with(client, server, ca_pem, ServerPolicy::Replace).await
+}
+
+/// Whose API server URL cluster-info keeps when it already holds this CA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerPolicy {
+    /// Make it `server` (the bootstrap, or an operator who named the server).
+    Replace,
+    /// Keep the published server when cluster-info already carries this CA; `server` is
+    /// used only to create it or to replace one with another CA. A joining control plane
+    /// writes its kubeconfigs with cluster-info's server, so a `token create` run through
+    /// a kubeconfig that points at `127.0.0.1` must not replace the VIP `up` published.
+    KeepPublished,
+}
+
+/// [`ensure_discovery`] with a [`ServerPolicy`].
+pub async fn ensure_discovery_with(
+    client: &kube::Client,
+    server: &str,
+    ca_pem: &[u8],
+    policy: ServerPolicy,
+) -> Result<usize, PublishError> {
+    let mut written = usize::from(ensure_cluster_info_with(client, server, ca_pem, policy).await?);
     let public_roles: Api<Role> = Api::namespaced(client.clone(), CLUSTER_INFO_NAMESPACE);
     let public_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), CLUSTER_INFO_NAMESPACE);
     written += usize::from(
@@ -236,6 +259,20 @@ pub async fn ensure_cluster_objects(
         })
         .await?,
     );
+    Ok(written)
+}
+
+/// Publishes (or confirms) every bootstrap object: cluster-info for `server` and
+/// `ca_pem`, its anonymous reader, the bootstrap bindings, and the control-plane ConfigMap
+/// with `etcd_endpoint` in it. Returns how many objects were written (0 on a restart with
+/// nothing changed).
+pub async fn ensure_cluster_objects(
+    client: &kube::Client,
+    server: &str,
+    ca_pem: &[u8],
+    etcd_endpoint: &str,
+) -> Result<usize, PublishError> {
+    let mut written = ensure_discovery(client, server, ca_pem).await?;
     let roles: Api<Role> = Api::namespaced(client.clone(), CONTROL_PLANE_NAMESPACE);
     let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), CONTROL_PLANE_NAMESPACE);
     written += usize::from(ensure(&roles, &control_plane_role(), |a, b| a.rules == b.rules).await?);
@@ -265,6 +302,33 @@ pub async fn ensure_cluster_info(
     server: &str,
     ca_pem: &[u8],
 ) -> Result<bool, PublishError> {
+    ensure_cluster_info_with(client, server, ca_pem, ServerPolicy::Replace).await
+}
+
+/// The server of a published cluster-info kubeconfig when its one cluster carries
+/// `ca_pem` as its CA (pure).
+pub fn published_server_with_ca(kubeconfig: &str, ca_pem: &[u8]) -> Option<String> {
+    use base64::Engine as _;
+    let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig).ok()?;
+    let [named] = parsed.clusters.as_slice() else {
+        return None;
+    };
+    let cluster = named.cluster.as_ref()?;
+    let ca = base64::engine::general_purpose::STANDARD
+        .decode(cluster.certificate_authority_data.as_deref()?.trim())
+        .ok()?;
+    if ca != ca_pem {
+        return None;
+    }
+    cluster.server.clone()
+}
+
+async fn ensure_cluster_info_with(
+    client: &kube::Client,
+    server: &str,
+    ca_pem: &[u8],
+    policy: ServerPolicy,
+) -> Result<bool, PublishError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), CLUSTER_INFO_NAMESPACE);
     let object = format!("ConfigMap {CLUSTER_INFO_NAMESPACE}/{CLUSTER_INFO_NAME}");
     let kubeconfig = cluster_info_kubeconfig(server, ca_pem);
@@ -275,7 +339,13 @@ pub async fn ensure_cluster_info(
             .map_err(api_err("read", &object))?;
         let result = match observed {
             Some(cm) => {
-                if cm.data.as_ref().and_then(|d| d.get(KUBECONFIG_KEY)) == Some(&kubeconfig) {
+                let published = cm.data.as_ref().and_then(|d| d.get(KUBECONFIG_KEY));
+                if published == Some(&kubeconfig) {
+                    return Ok(false);
+                }
+                if policy == ServerPolicy::KeepPublished
+                    && published.is_some_and(|p| published_server_with_ca(p, ca_pem).is_some())
+                {
                     return Ok(false);
                 }
                 // The resourceVersion in the patch makes it conditional on what was read.
@@ -414,6 +484,17 @@ mod tests {
         let subjects = b.subjects.unwrap();
         assert_eq!(subjects.len(), 1);
         assert_eq!(subjects[0].name, CONTROL_PLANE_GROUP);
+    }
+
+    #[test]
+    fn a_published_server_is_recognised_only_with_the_same_ca() {
+        let published = cluster_info_kubeconfig("https://10.0.0.100:6443", b"CA-ONE");
+        assert_eq!(
+            published_server_with_ca(&published, b"CA-ONE").as_deref(),
+            Some("https://10.0.0.100:6443")
+        );
+        assert_eq!(published_server_with_ca(&published, b"CA-TWO"), None);
+        assert_eq!(published_server_with_ca("not: [yaml", b"CA-ONE"), None);
     }
 
     #[test]

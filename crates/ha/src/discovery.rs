@@ -299,24 +299,6 @@ impl std::fmt::Debug for ClusterInfo {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct InfoKubeconfig {
-    #[serde(default)]
-    clusters: Vec<InfoNamedCluster>,
-}
-
-#[derive(serde::Deserialize)]
-struct InfoNamedCluster {
-    cluster: InfoCluster,
-}
-
-#[derive(serde::Deserialize)]
-struct InfoCluster {
-    server: String,
-    #[serde(rename = "certificate-authority-data", default)]
-    certificate_authority_data: Option<String>,
-}
-
 /// Verifies cluster-info's data (pure): this token's signature over the kubeconfig, then
 /// the CA against the pin. Returns the cluster it describes.
 pub fn verify_cluster_info(
@@ -334,15 +316,22 @@ pub fn verify_cluster_info(
         })?;
     verify_detached_jws(jws, kubeconfig.as_bytes(), token)?;
     let bad = |reason: String| DiscoveryError::BadKubeconfig { reason };
-    let parsed: InfoKubeconfig =
-        serde_yaml::from_str(kubeconfig).map_err(|e| bad(format!("not a kubeconfig: {e}")))?;
+    let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig)
+        .map_err(|e| bad(format!("not a kubeconfig: {e}")))?;
     let [cluster] = parsed.clusters.as_slice() else {
         return Err(bad(format!(
             "it must name exactly one cluster, it names {}",
             parsed.clusters.len()
         )));
     };
-    let cluster = &cluster.cluster;
+    let cluster = cluster
+        .cluster
+        .as_ref()
+        .ok_or_else(|| bad("its cluster entry is empty".into()))?;
+    let server = cluster
+        .server
+        .clone()
+        .ok_or_else(|| bad("its cluster has no server".into()))?;
     let ca_b64 = cluster
         .certificate_authority_data
         .as_deref()
@@ -351,14 +340,11 @@ pub fn verify_cluster_info(
         .decode(ca_b64.trim())
         .map_err(|_| bad("its certificate-authority-data is not base64".into()))?;
     pin.check(&ca_pem)?;
-    if !cluster.server.starts_with("https://") {
-        return Err(bad(format!(
-            "its server {:?} is not an https:// URL",
-            cluster.server
-        )));
+    if !server.starts_with("https://") {
+        return Err(bad(format!("its server {server:?} is not an https:// URL")));
     }
     Ok(ClusterInfo {
-        server: cluster.server.clone(),
+        server,
         ca_pem,
         kubeconfig: kubeconfig.clone(),
     })

@@ -291,13 +291,15 @@ impl CallError {
     }
 }
 
-/// The one classifier of a client error: gRPC statuses go to [`rules::classify_status`]
-/// with their causes appended (tonic's "tcp connect error" alone does not say refused vs
+/// The one classifier of a client error: gRPC statuses go to [`rules::classify`] (etcd's
+/// exact message for the typed refusals, with the causes appended for the transport) (tonic's "tcp connect error" alone does not say refused vs
 /// timed out); a transport or I/O error raised before a call is a failure to connect.
 fn classify(err: &etcd_client::Error) -> CallError {
     let reason = error_text(err);
     let class = match err {
-        etcd_client::Error::GRpcStatus(s) => rules::classify_status(i32::from(s.code()), &reason),
+        etcd_client::Error::GRpcStatus(s) => {
+            rules::classify(i32::from(s.code()), s.message(), &reason).class
+        }
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => {
             ErrorClass::Unreachable
         }

@@ -2,7 +2,7 @@
 //! leaking the cluster's CA keys.
 //!
 //! Part 1 (library): [`tokens`], [`grants`], [`etcd`] membership and health, the
-//! [`journal`]. Part 2 (the commands that use it): [`discovery`] (pinned token
+//! [`journal`], [`mint`] (`token create`'s protocol). Part 2 (the commands that use it): [`discovery`] (pinned token
 //! discovery), [`assembly`] (the shared node steps in their pinned order), [`join`]
 //! (a control plane joining as an etcd learner), [`node`] (`up`: bootstrap or start, then
 //! supervise), [`supervisor`] (children with restart backoff), [`bootstrap`] (the objects
@@ -21,8 +21,25 @@ pub mod etcd;
 pub mod grants;
 pub mod join;
 pub mod journal;
+pub mod mint;
 pub mod node;
 pub mod nodestate;
 pub mod operator;
 pub mod supervisor;
 pub mod tokens;
+
+/// An error and its causes, `: `-joined (a cause whose text the message already holds is
+/// not repeated), for logs and reports that print one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut next = err.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
+}

@@ -349,46 +349,22 @@ pub async fn lookup_token_state(
     Ok(token_state(secret.as_ref(), now))
 }
 
-/// Parses a token lifetime: a sequence of `<n>h`, `<n>m`, `<n>s` (e.g. `2h`, `1h30m`,
-/// `90s`), like Go's durations without fractions.
+/// Parses a token lifetime with `humantime`, like every duration flag of the project
+/// (`2h`, `1h30m`, `90s`, `1d`). A token's expiration is written in whole seconds, so a
+/// lifetime with a fraction of a second is refused rather than silently cut.
 pub fn parse_ttl(text: &str) -> Result<Duration, TokenError> {
-    let bad = |reason: &str| TokenError::Ttl {
+    let bad = |reason: String| TokenError::Ttl {
         text: text.to_string(),
-        reason: reason.to_string(),
+        reason,
     };
-    let trimmed = text.trim();
-    if trimmed.is_empty() {
-        return Err(bad("it is empty; write e.g. 2h, 30m or 1h30m"));
-    }
-    let mut total: u64 = 0;
-    let mut digits = String::new();
-    for c in trimmed.chars() {
-        if c.is_ascii_digit() {
-            digits.push(c);
-            continue;
-        }
-        let unit = match c {
-            'h' => 3600,
-            'm' => 60,
-            's' => 1,
-            _ => return Err(bad("units are h, m and s; write e.g. 2h, 30m or 1h30m")),
-        };
-        if digits.is_empty() {
-            return Err(bad("a unit must follow a number; write e.g. 2h or 1h30m"));
-        }
-        let n: u64 = digits.parse().map_err(|_| bad("the number is too large"))?;
-        total = n
-            .checked_mul(unit)
-            .and_then(|s| total.checked_add(s))
-            .ok_or_else(|| bad("the duration is too large"))?;
-        digits.clear();
-    }
-    if !digits.is_empty() {
+    let ttl = humantime::parse_duration(text.trim())
+        .map_err(|e| bad(format!("{e}; write e.g. 2h, 30m or 1h30m")))?;
+    if ttl.subsec_nanos() != 0 {
         return Err(bad(
-            "the last number has no unit; write e.g. 2h, 30m or 90s",
+            "a token lifetime is whole seconds; write e.g. 2h, 30m or 1h30m".into(),
         ));
     }
-    Ok(Duration::from_secs(total))
+    Ok(ttl)
 }
 
 /// The bootstrap token a kubeconfig authenticates with: the token of the current context's
@@ -396,24 +372,26 @@ pub fn parse_ttl(text: &str) -> Result<Duration, TokenError> {
 /// auth info, not from a built client config, because the token id must be known whatever
 /// transport the client ends up using.
 pub fn token_from_kubeconfig(path: &Path) -> Result<BootstrapToken, TokenError> {
+    use secrecy::ExposeSecret as _;
     let bad = |reason: String| TokenError::Kubeconfig {
         path: path.to_path_buf(),
         reason,
     };
     let text =
         std::fs::read_to_string(path).map_err(|err| bad(format!("cannot read it: {err}")))?;
-    let config: MiniKubeconfig =
-        serde_yaml::from_str(&text).map_err(|err| bad(format!("not a kubeconfig: {err}")))?;
+    let config = kube::config::Kubeconfig::from_yaml(&text)
+        .map_err(|err| bad(format!("not a kubeconfig: {err}")))?;
     let user_name = match config.current_context.as_deref().filter(|c| !c.is_empty()) {
-        Some(current) => {
-            let context = config
-                .contexts
-                .iter()
-                .find(|c| c.name == current)
-                .ok_or_else(|| bad(format!("its current context {current:?} is not defined")))?;
-            context.context.user.clone()
-        }
-        None if config.users.len() == 1 => config.users[0].name.clone(),
+        Some(current) => config
+            .contexts
+            .iter()
+            .find(|c| c.name == current)
+            .ok_or_else(|| bad(format!("its current context {current:?} is not defined")))?
+            .context
+            .as_ref()
+            .and_then(|c| c.user.clone())
+            .unwrap_or_default(),
+        None if config.auth_infos.len() == 1 => config.auth_infos[0].name.clone(),
         None => {
             return Err(bad(
                 "it has no current context and more than one user; set current-context".into(),
@@ -421,51 +399,17 @@ pub fn token_from_kubeconfig(path: &Path) -> Result<BootstrapToken, TokenError> 
         }
     };
     let user = config
-        .users
+        .auth_infos
         .iter()
         .find(|u| u.name == user_name)
         .ok_or_else(|| bad(format!("its user {user_name:?} is not defined")))?;
     let token = user
-        .user
-        .token
-        .as_deref()
+        .auth_info
+        .as_ref()
+        .and_then(|a| a.token.as_ref())
         .ok_or_else(|| bad(format!("user {user_name:?} has no bootstrap token")))?;
-    BootstrapToken::parse(token).map_err(|err| bad(format!("user {user_name:?}: {err}")))
-}
-
-#[derive(serde::Deserialize)]
-struct MiniKubeconfig {
-    #[serde(rename = "current-context", default)]
-    current_context: Option<String>,
-    #[serde(default)]
-    contexts: Vec<MiniNamedContext>,
-    #[serde(default)]
-    users: Vec<MiniNamedUser>,
-}
-
-#[derive(serde::Deserialize)]
-struct MiniNamedContext {
-    name: String,
-    context: MiniContext,
-}
-
-#[derive(serde::Deserialize)]
-struct MiniContext {
-    #[serde(default)]
-    user: String,
-}
-
-#[derive(serde::Deserialize)]
-struct MiniNamedUser {
-    name: String,
-    #[serde(default)]
-    user: MiniUser,
-}
-
-#[derive(serde::Deserialize, Default)]
-struct MiniUser {
-    #[serde(default)]
-    token: Option<String>,
+    BootstrapToken::parse(token.expose_secret())
+        .map_err(|err| bad(format!("user {user_name:?}: {err}")))
 }
 
 /// What went wrong with a token.
@@ -703,19 +647,15 @@ mod tests {
     }
 
     #[test]
-    fn ttl_parses_go_style_durations() {
+    fn ttl_parses_human_durations() {
         assert_eq!(parse_ttl("2h").unwrap(), Duration::from_secs(7200));
         assert_eq!(parse_ttl("1h30m").unwrap(), Duration::from_secs(5400));
         assert_eq!(parse_ttl("90s").unwrap(), Duration::from_secs(90));
-        for bad in ["", "2", "h", "2d", "1.5h", "-1h"] {
-            assert!(parse_ttl(bad).is_err(), "{bad:?}");
+        assert_eq!(parse_ttl("1d").unwrap(), Duration::from_secs(86400));
+        for bad in ["", "2", "h", "-1h", "2x", "1500ms"] {
+            let err = parse_ttl(bad).unwrap_err().to_string();
+            assert!(err.contains("write e.g. 2h"), "{bad:?}: {err}");
         }
-        assert!(
-            parse_ttl("2d")
-                .unwrap_err()
-                .to_string()
-                .contains("units are h, m and s")
-        );
     }
 
     #[test]

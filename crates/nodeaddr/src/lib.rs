@@ -47,8 +47,10 @@
 //! [`Reconciler::run`] watches Nodes into a reflector store and plans from it: after
 //! start it lists nothing (the watcher re-lists only after a watch failure), and it writes
 //! one status per node that differs, only while it holds the Lease
-//! `kube-system/nodeaddr-reconciler` ([`Leadership`], the `daemon` crate's election). Its liveness and counters live in its [`Monitor`], which the daemon
-//! serves on its admin listener (`/status`, `/metrics`).
+//! `kube-system/nodeaddr-reconciler` ([`Leadership`], the `daemon` crate's election). Its
+//! liveness and counters live in its [`Monitor`]; [`serve`] runs the whole daemon (the
+//! election, the admin listener mirroring the monitor on `/status` and `/metrics`, and
+//! [`Reconciler::run`]) until cancelled.
 //!
 //! Operations: `docs/nodeaddr.md`.
 
@@ -60,6 +62,7 @@ mod derive;
 mod plan;
 mod reconciler;
 mod routing;
+mod serve;
 mod status;
 mod worker;
 
@@ -81,5 +84,6 @@ pub use routing::{
     configured_node_name, configured_node_name_env, is_virtual_node, routing_name,
     routing_name_from,
 };
+pub use serve::{ServeError, ServeOptions, serve, serve_on};
 pub use status::{ErrorKind, Monitor, NodeState, Status};
 pub use worker::{BindAddress, BindError, BindSource, bind_address, bind_address_from};

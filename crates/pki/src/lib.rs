@@ -9,13 +9,19 @@
 //! expiry ([`check`]).
 //!
 //! Main entry points:
+//! - [`plan_pki`]: the whole PKI of a node (shared CAs or, with `leaves_only`, the CAs on
+//!   disk; this node's leaves; the kubeconfigs) generated in memory as a [`PkiPlan`],
+//!   refused with [`PkiError::WouldOverwrite`] before anything is generated or written
+//!   when a key it would replace exists; [`PkiPlan::apply`] writes it. `certs generate`
+//!   is this call.
 //! - [`generate_shared`]: the CAs and service-account key pair of a new cluster.
 //! - [`issue_node_leaves`]: this node's apiserver, etcd and front-proxy leaves
 //!   ([`NodeIdentity`] carries its name, addresses and the VIP).
 //! - [`write_kubeconfigs`]: admin, super-admin, controller-manager and scheduler
 //!   kubeconfigs with embedded client certificates. `admin.conf` is in
 //!   [`CLUSTER_ADMINS_GROUP`] (bound to `cluster-admin` by RBAC, revocable);
-//!   `super-admin.conf` is the break-glass credential in `system:masters`.
+//!   `super-admin.conf` is the break-glass credential in `system:masters`. They are
+//!   typed ([`Kubeconfig`]) and serialized with serde, never assembled from strings.
 //!
 //! Certificates carry random 158-bit serials; CAs are `pathlen:0` and, like every leaf,
 //! have no `keyEncipherment` (ECDSA keys sign, they do not encipher); a leaf never
@@ -33,8 +39,9 @@
 )]
 mod ca;
 mod check;
-mod kubeconfig;
+pub mod kubeconfig;
 mod node;
+mod plan;
 
 use std::path::{Path, PathBuf};
 
@@ -43,9 +50,10 @@ use sha2::{Digest, Sha256};
 pub use ca::{Ca, IssuedCert, LeafSpec, Usage};
 pub use check::{CertStatus, CheckReport, check};
 pub use kubeconfig::{
-    CLUSTER_ADMINS_GROUP, KUBECONFIG_FILES, SUPER_ADMIN_KUBECONFIG, write_kubeconfigs,
+    CLUSTER_ADMINS_GROUP, KUBECONFIG_FILES, Kubeconfig, SUPER_ADMIN_KUBECONFIG, write_kubeconfigs,
 };
 pub use node::{NodeIdentity, issue_node_leaves, node_leaf_files};
+pub use plan::{PkiPlan, PkiRequest, default_kubeconfig_dir, default_server, plan_pki};
 
 /// Where the PKI lives when no directory is given (kubeadm's layout).
 pub const DEFAULT_PKI_DIR: &str = "/etc/kubernetes/pki";
@@ -101,6 +109,18 @@ pub enum PkiError {
     KeyExists {
         /// The existing key file.
         path: PathBuf,
+    },
+    /// A planned write would replace an existing key, kubeconfig or leaf key, and
+    /// overwriting was not asked for ([`plan_pki`] refuses before writing anything).
+    #[error(
+        "refusing to overwrite existing key {path}: pass --force to replace it{}; nothing was written",
+        if *shared { ", or --leaves-only to keep the shared CAs and issue only this node's leaves" } else { "" }
+    )]
+    WouldOverwrite {
+        /// The existing file.
+        path: PathBuf,
+        /// Whether the plan also created the shared CAs (so keeping them is an option).
+        shared: bool,
     },
     /// A file that must exist does not.
     #[error("{path} not found: {hint}")]
@@ -227,23 +247,41 @@ pub(crate) fn write_files(
 /// already exists ([`PkiError::KeyExists`] names the file). Returns the paths written.
 pub fn generate_shared(dir: &Path, overwrite: bool) -> Result<Vec<PathBuf>, PkiError> {
     refuse_existing_keys(dir, SHARED_FILES, overwrite)?;
-    let mut files = Vec::new();
-    for (prefix, cn) in [
-        ("ca", "kubernetes"),
-        ("front-proxy-ca", "front-proxy-ca"),
-        ("etcd/ca", "etcd-ca"),
-    ] {
-        let ca = Ca::generate(cn)?;
-        files.push((format!("{prefix}.crt"), ca.cert_pem().as_bytes().to_vec()));
-        files.push((format!("{prefix}.key"), ca.key_pem().into_bytes()));
+    let shared = Shared::generate()?;
+    write_files(dir, &shared.files)
+}
+
+/// A new cluster's shared material, in memory: the three CAs and every file of
+/// [`SHARED_FILES`].
+pub(crate) struct Shared {
+    /// (relative path, bytes), in [`SHARED_FILES`] order.
+    pub(crate) files: Vec<(String, Vec<u8>)>,
+    /// The CAs by prefix: `ca`, `front-proxy-ca`, `etcd/ca`.
+    pub(crate) cas: Vec<(&'static str, Ca)>,
+}
+
+impl Shared {
+    pub(crate) fn generate() -> Result<Shared, PkiError> {
+        let mut files = Vec::new();
+        let mut cas = Vec::new();
+        for (prefix, cn) in [
+            ("ca", "kubernetes"),
+            ("front-proxy-ca", "front-proxy-ca"),
+            ("etcd/ca", "etcd-ca"),
+        ] {
+            let ca = Ca::generate(cn)?;
+            files.push((format!("{prefix}.crt"), ca.cert_pem().as_bytes().to_vec()));
+            files.push((format!("{prefix}.key"), ca.key_pem().into_bytes()));
+            cas.push((prefix, ca));
+        }
+        let sa = rcgen::KeyPair::generate().map_err(|source| PkiError::Generate {
+            what: "service-account key pair".into(),
+            source,
+        })?;
+        files.push(("sa.key".into(), sa.serialize_pem().into_bytes()));
+        files.push(("sa.pub".into(), sa.public_key_pem().into_bytes()));
+        Ok(Shared { files, cas })
     }
-    let sa = rcgen::KeyPair::generate().map_err(|source| PkiError::Generate {
-        what: "service-account key pair".into(),
-        source,
-    })?;
-    files.push(("sa.key".into(), sa.serialize_pem().into_bytes()));
-    files.push(("sa.pub".into(), sa.public_key_pem().into_bytes()));
-    write_files(dir, &files)
 }
 
 /// Reads the shared material from `dir` as (relative path, bytes), in [`SHARED_FILES`]

@@ -151,19 +151,37 @@ pub fn issue_node_leaves(
         ("front-proxy-ca", Ca::load(dir, "front-proxy-ca")?),
         ("etcd/ca", Ca::load(dir, "etcd/ca")?),
     ];
+    let refs: Vec<(&str, &Ca)> = cas.iter().map(|(p, c)| (*p, c)).collect();
+    let out = leaves_from(&refs, node)?;
+    write_files(dir, &out)
+}
+
+/// This node's leaves issued in memory from `cas` (CA prefix, CA): (relative path, bytes).
+pub(crate) fn leaves_from(
+    cas: &[(&str, &Ca)],
+    node: &NodeIdentity,
+) -> Result<Vec<(String, Vec<u8>)>, PkiError> {
+    if node.node_name.is_empty() {
+        return Err(PkiError::Invalid {
+            what: "node name".into(),
+            reason: "empty: pass --node-name".into(),
+        });
+    }
     let mut out = Vec::new();
     for (prefix, ca_prefix, spec) in node.leaf_specs() {
-        let Some((_, ca)) = cas.iter().find(|(p, _)| *p == ca_prefix) else {
-            return Err(PkiError::Invalid {
-                what: format!("leaf {prefix}"),
-                reason: format!("names {ca_prefix}, which is none of the three CAs"),
-            });
-        };
+        let ca = cas
+            .iter()
+            .find(|(p, _)| *p == ca_prefix)
+            .map(|(_, c)| *c)
+            .ok_or_else(|| PkiError::Invalid {
+                what: format!("{prefix}.crt"),
+                reason: format!("no CA {ca_prefix} to issue it from"),
+            })?;
         let issued = ca.issue(&spec)?;
         out.push((format!("{prefix}.crt"), issued.cert_pem.into_bytes()));
         out.push((format!("{prefix}.key"), issued.key_pem.into_bytes()));
     }
-    write_files(dir, &out)
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -945,6 +945,26 @@ async fn the_operator_holds_its_lease_prunes_as_leader_and_serves_metrics() -> a
     let client = api.client();
     let pki = tempfile::tempdir()?;
     pki::generate_shared(pki.path(), false)?;
+    // A live grant keeps the Secret (garbage collection would remove it with its last
+    // owning token otherwise). Published first: an upload drops the entries of expired
+    // tokens, so one after the 1 s token's would race the operator to the prune.
+    let live = ha::tokens::create_token(
+        &client,
+        ha::tokens::TokenRole::ControlPlane,
+        Duration::from_secs(3600),
+        None,
+        chrono::Utc::now(),
+    )
+    .await?;
+    ha::grants::upload_certs(
+        &client,
+        &ha::grants::CertKey::generate(),
+        &ha::grants::GrantOwner::from(&live),
+        &ha::grants::read_bundle_files(pki.path())?,
+        &ha::grants::UploadProfile::default(),
+        ha::grants::no_confirm,
+    )
+    .await?;
     let minted = ha::tokens::create_token(
         &client,
         ha::tokens::TokenRole::ControlPlane,
@@ -963,25 +983,6 @@ async fn the_operator_holds_its_lease_prunes_as_leader_and_serves_metrics() -> a
     )
     .await?;
     let entry = ha::grants::grant_entry_name(minted.token.id());
-    // A live grant keeps the Secret (garbage collection would remove it with its last
-    // owning token otherwise).
-    let live = ha::tokens::create_token(
-        &client,
-        ha::tokens::TokenRole::ControlPlane,
-        Duration::from_secs(3600),
-        None,
-        chrono::Utc::now(),
-    )
-    .await?;
-    ha::grants::upload_certs(
-        &client,
-        &ha::grants::CertKey::generate(),
-        &ha::grants::GrantOwner::from(&live),
-        &ha::grants::read_bundle_files(pki.path())?,
-        &ha::grants::UploadProfile::default(),
-        ha::grants::no_confirm,
-    )
-    .await?;
     let kubeconfig = api.kubeconfig_path().display().to_string();
     let admin = |_: ()| -> anyhow::Result<String> {
         Ok(format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST)?))

@@ -181,6 +181,15 @@ async fn worker_token_prints_a_pinned_join_without_a_grant() -> anyhow::Result<(
     assert_eq!(groups.as_slice(), tokens::WORKER_GROUP.as_bytes());
     let api: Api<Secret> = Api::namespaced(client.clone(), grants::NAMESPACE);
     assert!(api.get_opt(grants::SECRET_NAME).await?.is_none());
+    // cluster-info names the server the join command dials, with the cluster CA.
+    let info: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kube-public");
+    let info = info.get("cluster-info").await?;
+    let kubeconfig_text = &info.data.context("cluster-info data")?["kubeconfig"];
+    assert!(
+        kubeconfig_text.contains("https://cp.example:6443"),
+        "{kubeconfig_text}"
+    );
 
     // A pki dir without the CA is refused before anything is minted.
     let empty = tempfile::tempdir()?;
@@ -204,7 +213,7 @@ async fn worker_token_prints_a_pinned_join_without_a_grant() -> anyhow::Result<(
         "token",
         "create",
         "--ttl",
-        "2days",
+        "2fortnights",
         "--kubeconfig",
         &kubeconfig,
         "--pki-dir",
@@ -213,7 +222,7 @@ async fn worker_token_prints_a_pinned_join_without_a_grant() -> anyhow::Result<(
     .await?;
     assert!(!out.status.success());
     assert!(
-        text(&out.stderr).contains("units are h, m and s"),
+        text(&out.stderr).contains("--ttl") && text(&out.stderr).contains("supported units"),
         "{}",
         text(&out.stderr)
     );
@@ -324,6 +333,79 @@ async fn token_lifetimes_are_bounded_and_never_panic() -> anyhow::Result<()> {
     let out = run(&["--control-plane", "--ttl", "25h", "--allow-long-ttl"]).await?;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(token_secrets(&client).await?.len(), 1);
+    server.shutdown().await;
+    Ok(())
+}
+
+/// `token create` against the double's bootstrap signer, the way a worker then joins: an
+/// anonymous client reads a cluster-info signed for the printed token, `ha::discovery`
+/// verifies it with the token and the printed pin, and nothing else is readable
+/// anonymously. A second `token create` writes no discovery object.
+#[tokio::test]
+async fn a_printed_join_discovers_the_cluster_through_the_signed_cluster_info() -> anyhow::Result<()>
+{
+    use ha::discovery::{self, CaPin, DiscoveryTimeouts};
+    use std::time::Duration;
+
+    let pki_dir = tempfile::tempdir()?;
+    pki::generate_shared(pki_dir.path(), false)?;
+    let server = ApiServer::builder()
+        .pki_dir(pki_dir.path())
+        .strict_auth()
+        .bootstrap_signer(true)
+        .start()
+        .await?;
+    let kubeconfig = server
+        .kubeconfig_path()
+        .to_str()
+        .context("path")?
+        .to_string();
+    let pki_arg = pki_dir.path().to_str().context("path")?.to_string();
+    let args = [
+        "token",
+        "create",
+        "-o",
+        "json",
+        "--kubeconfig",
+        &kubeconfig,
+        "--pki-dir",
+        &pki_arg,
+    ];
+    let out = stratum_server(&args).await?;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let token = BootstrapToken::parse(printed["token"].as_str().context("token")?)?;
+    let pin = CaPin::parse(printed["caCertHash"].as_str().context("caCertHash")?)?;
+    let host_port = printed["server"].as_str().context("server")?.to_string();
+    let found = discovery::discover(
+        &host_port,
+        &token,
+        &pin,
+        DiscoveryTimeouts {
+            total: Duration::from_secs(15),
+            request: Duration::from_secs(5),
+        },
+    )
+    .await?;
+    assert_eq!(found.info.server, format!("https://{host_port}"));
+
+    let ca = std::fs::read(pki_dir.path().join("ca.crt"))?;
+    let anon = discovery::client_for(&found.server_url, Some(&ca), None, Duration::from_secs(5))?;
+    let secrets: Api<Secret> = Api::namespaced(anon.clone(), tokens::TOKEN_NAMESPACE);
+    assert!(secrets.list(&ListParams::default()).await.is_err());
+    let public: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(anon, "kube-public");
+    assert!(public.list(&ListParams::default()).await.is_err());
+
+    server.clear_requests();
+    let out = stratum_server(&args).await?;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let discovery_writes: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|q| q.is_write())
+        .filter(|q| q.namespace.as_deref() == Some("kube-public"))
+        .collect();
+    assert!(discovery_writes.is_empty(), "{discovery_writes:#?}");
     server.shutdown().await;
     Ok(())
 }

@@ -22,88 +22,10 @@ use etcd_client::{
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::rules::ErrorClass;
 use super::{EtcdOptions, MemberInfo, PemSource};
 
-/// gRPC codes etcd answers membership refusals with (tonic numbering).
-mod grpc {
-    pub const INVALID_ARGUMENT: i32 = 3;
-    pub const NOT_FOUND: i32 = 5;
-    pub const FAILED_PRECONDITION: i32 = 9;
-    pub const UNAVAILABLE: i32 = 14;
-}
-
-/// A membership refusal etcd answered, typed by gRPC code and etcd's exact text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// `etcdserver: too many learner members in cluster`: another learner is still
-    /// joining. Nothing changed; retry once it is promoted or removed.
-    TooManyLearners,
-    /// `etcdserver: unhealthy cluster`: some voting member is not (yet) connected.
-    /// Nothing changed; retry.
-    Unhealthy,
-    /// `etcdserver: can only promote a learner member which is in sync with leader`: the
-    /// learner has not caught up. Retry.
-    LearnerNotReady,
-    /// `etcdserver: can only promote a learner member`: it already votes.
-    MemberNotLearner,
-    /// `etcdserver: re-configuration failed due to not enough started members`.
-    NotEnoughStarted,
-    /// `etcdserver: Peer URLs already exists`.
-    PeerUrlExists,
-    /// `etcdserver: member not found`.
-    MemberNotFound,
-    /// `etcdserver: given member URLs are invalid`.
-    BadUrls,
-    /// `etcdserver: rpc not supported for learner`: the endpoint asked is itself a learner;
-    /// ask another member.
-    NotSupportedForLearner,
-}
-
-impl Refusal {
-    /// Classifies a gRPC status; `None` for anything that is not one of these refusals.
-    pub fn classify(code: i32, message: &str) -> Option<Refusal> {
-        use grpc::*;
-        let r = match (code, message) {
-            (FAILED_PRECONDITION, "etcdserver: too many learner members in cluster") => {
-                Refusal::TooManyLearners
-            }
-            (UNAVAILABLE, "etcdserver: unhealthy cluster") => Refusal::Unhealthy,
-            (
-                FAILED_PRECONDITION,
-                "etcdserver: can only promote a learner member which is in sync with leader",
-            ) => Refusal::LearnerNotReady,
-            (FAILED_PRECONDITION, "etcdserver: can only promote a learner member") => {
-                Refusal::MemberNotLearner
-            }
-            (
-                FAILED_PRECONDITION,
-                "etcdserver: re-configuration failed due to not enough started members",
-            ) => Refusal::NotEnoughStarted,
-            (FAILED_PRECONDITION, "etcdserver: Peer URLs already exists") => Refusal::PeerUrlExists,
-            (NOT_FOUND, "etcdserver: member not found") => Refusal::MemberNotFound,
-            (INVALID_ARGUMENT, "etcdserver: given member URLs are invalid") => Refusal::BadUrls,
-            (UNAVAILABLE, "etcdserver: rpc not supported for learner") => {
-                Refusal::NotSupportedForLearner
-            }
-            _ => return None,
-        };
-        Some(r)
-    }
-
-    /// Whether an add refused this way may be retried: nothing changed, and waiting can
-    /// clear it.
-    pub fn add_may_queue(self) -> bool {
-        matches!(self, Refusal::TooManyLearners | Refusal::Unhealthy)
-    }
-
-    /// Whether a promote refused this way may be retried.
-    pub fn promote_may_wait(self) -> bool {
-        matches!(
-            self,
-            Refusal::LearnerNotReady | Refusal::Unhealthy | Refusal::NotEnoughStarted
-        )
-    }
-}
+pub use super::rules::Refusal;
 
 /// A learner add or promote that failed, naming the member.
 #[derive(Debug, thiserror::Error)]
@@ -218,26 +140,28 @@ impl CallFailure {
     }
 }
 
+/// One failed call, classified by the one classifier ([`super::rules::classify`]): a
+/// class of no answer (never sent, or the outcome unknown) is [`CallFailure::NoAnswer`];
+/// anything etcd answered is [`CallFailure::Refused`] with its typed refusal, if any.
 fn failure(err: etcd_client::Error) -> CallFailure {
+    let causes = super::error_text(&err);
     match err {
         etcd_client::Error::GRpcStatus(s) => {
             let code = i32::from(s.code());
             let message = s.message().to_string();
-            let refusal = Refusal::classify(code, &message);
-            // A transport failure surfaces as UNAVAILABLE/UNKNOWN without etcd's prefix.
-            if refusal.is_none()
-                && !message.starts_with("etcdserver:")
-                && matches!(code, 1 | 2 | 4 | 14)
-            {
-                return CallFailure::NoAnswer(format!("{message} (gRPC code {code})"));
-            }
-            CallFailure::Refused {
-                code,
-                message,
-                refusal,
+            let classified = super::rules::classify(code, &message, &causes);
+            match classified.class {
+                ErrorClass::Unreachable | ErrorClass::NoAnswer => {
+                    CallFailure::NoAnswer(format!("{message} (gRPC code {code})"))
+                }
+                _ => CallFailure::Refused {
+                    code,
+                    message,
+                    refusal: classified.refusal,
+                },
             }
         }
-        other => CallFailure::NoAnswer(other.to_string()),
+        _ => CallFailure::NoAnswer(causes),
     }
 }
 
@@ -557,45 +481,5 @@ pub async fn promote_when_caught_up(
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(2));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn refusals_are_typed_by_code_and_exact_text() {
-        assert_eq!(
-            Refusal::classify(9, "etcdserver: too many learner members in cluster"),
-            Some(Refusal::TooManyLearners)
-        );
-        assert_eq!(
-            Refusal::classify(14, "etcdserver: unhealthy cluster"),
-            Some(Refusal::Unhealthy)
-        );
-        // The same text under another code, or embedded in other text, is not the refusal.
-        assert_eq!(Refusal::classify(2, "etcdserver: unhealthy cluster"), None);
-        assert_eq!(
-            Refusal::classify(14, "proxy: etcdserver: unhealthy cluster (upstream)"),
-            None
-        );
-        assert_eq!(
-            Refusal::classify(
-                9,
-                "etcdserver: can only promote a learner member which is in sync with leader"
-            ),
-            Some(Refusal::LearnerNotReady)
-        );
-        assert_eq!(
-            Refusal::classify(9, "etcdserver: can only promote a learner member"),
-            Some(Refusal::MemberNotLearner)
-        );
-        assert!(Refusal::TooManyLearners.add_may_queue());
-        assert!(Refusal::Unhealthy.add_may_queue());
-        assert!(!Refusal::PeerUrlExists.add_may_queue());
-        assert!(!Refusal::NotEnoughStarted.add_may_queue());
-        assert!(Refusal::LearnerNotReady.promote_may_wait());
-        assert!(!Refusal::TooManyLearners.promote_may_wait());
     }
 }

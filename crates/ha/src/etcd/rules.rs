@@ -11,7 +11,7 @@ use std::time::Duration;
 /// start, or while a previously added member has not started yet. Nothing was added.
 pub const UNHEALTHY_CLUSTER: &str = "etcdserver: unhealthy cluster";
 
-/// How a failed request is to be treated. Computed once, by [`classify_status`] (and the
+/// How a failed request is to be treated. Computed once, by [`classify`] (and the
 /// client-side wrapper in [`crate::etcd`]), and matched by every caller: no caller looks at
 /// an error's text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -40,6 +40,12 @@ pub mod code {
     pub const CANCELLED: i32 = 1;
     /// UNKNOWN.
     pub const UNKNOWN: i32 = 2;
+    /// INVALID_ARGUMENT.
+    pub const INVALID_ARGUMENT: i32 = 3;
+    /// NOT_FOUND.
+    pub const NOT_FOUND: i32 = 5;
+    /// FAILED_PRECONDITION.
+    pub const FAILED_PRECONDITION: i32 = 9;
     /// DEADLINE_EXCEEDED.
     pub const DEADLINE_EXCEEDED: i32 = 4;
     /// UNIMPLEMENTED.
@@ -48,14 +54,18 @@ pub mod code {
     pub const UNAVAILABLE: i32 = 14;
 }
 
-/// etcd's answers whose outcome is unknown: the proposal may still be applied.
+/// etcd's answers whose outcome is unknown (all UNAVAILABLE, `rpctypes`' exact texts):
+/// the proposal may still be applied.
 const ETCD_AMBIGUOUS: &[&str] = &[
     "etcdserver: request timed out",
+    "etcdserver: request timed out, possibly due to previous leader failure",
+    "etcdserver: request timed out, possibly due to connection lost",
     "etcdserver: leader changed",
     "etcdserver: server stopped",
 ];
 
-/// Texts of a failure to connect at all (the request never left this process).
+/// Texts of a failure to connect at all (the request never left this process). These
+/// are tonic's and the OS's words for the transport, not etcd's answers.
 const CONNECT_FAILED: &[&str] = &[
     "tcp connect error",
     "connection refused",
@@ -65,47 +75,145 @@ const CONNECT_FAILED: &[&str] = &[
     "failed to lookup address",
 ];
 
-/// Classifies a gRPC status by its code and message (with its causes appended). etcd's own
-/// refusals carry messages starting `etcdserver:`; an UNAVAILABLE/DEADLINE/CANCELLED without
-/// one is the transport failing: before the request was sent when connecting failed,
-/// otherwise with the outcome unknown.
-pub fn classify_status(code: i32, message: &str) -> ErrorClass {
-    if message.contains(UNHEALTHY_CLUSTER) {
-        return ErrorClass::UnhealthyCluster;
+/// A membership refusal etcd answered, typed by gRPC code and etcd's exact text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `etcdserver: too many learner members in cluster`: another learner is still
+    /// joining. Nothing changed; retry once it is promoted or removed.
+    TooManyLearners,
+    /// `etcdserver: unhealthy cluster`: some voting member is not (yet) connected.
+    /// Nothing changed; retry.
+    Unhealthy,
+    /// `etcdserver: can only promote a learner member which is in sync with leader`: the
+    /// learner has not caught up. Retry.
+    LearnerNotReady,
+    /// `etcdserver: can only promote a learner member`: it already votes.
+    MemberNotLearner,
+    /// `etcdserver: re-configuration failed due to not enough started members`.
+    NotEnoughStarted,
+    /// `etcdserver: Peer URLs already exists`.
+    PeerUrlExists,
+    /// `etcdserver: member not found`.
+    MemberNotFound,
+    /// `etcdserver: given member URLs are invalid`.
+    BadUrls,
+    /// `etcdserver: rpc not supported for learner`: the endpoint asked is itself a learner;
+    /// ask another member.
+    NotSupportedForLearner,
+}
+
+impl Refusal {
+    /// Classifies a gRPC status; `None` for anything that is not one of these refusals.
+    pub fn classify(code: i32, message: &str) -> Option<Refusal> {
+        use code::*;
+        let r = match (code, message) {
+            (FAILED_PRECONDITION, "etcdserver: too many learner members in cluster") => {
+                Refusal::TooManyLearners
+            }
+            (UNAVAILABLE, UNHEALTHY_CLUSTER) => Refusal::Unhealthy,
+            (
+                FAILED_PRECONDITION,
+                "etcdserver: can only promote a learner member which is in sync with leader",
+            ) => Refusal::LearnerNotReady,
+            (FAILED_PRECONDITION, "etcdserver: can only promote a learner member") => {
+                Refusal::MemberNotLearner
+            }
+            (
+                FAILED_PRECONDITION,
+                "etcdserver: re-configuration failed due to not enough started members",
+            ) => Refusal::NotEnoughStarted,
+            (FAILED_PRECONDITION, "etcdserver: Peer URLs already exists") => Refusal::PeerUrlExists,
+            (NOT_FOUND, "etcdserver: member not found") => Refusal::MemberNotFound,
+            (INVALID_ARGUMENT, "etcdserver: given member URLs are invalid") => Refusal::BadUrls,
+            (UNAVAILABLE, "etcdserver: rpc not supported for learner") => {
+                Refusal::NotSupportedForLearner
+            }
+            _ => return None,
+        };
+        Some(r)
     }
-    let lower = message.to_ascii_lowercase();
-    if code == code::UNIMPLEMENTED
-        || lower.contains("unknown service")
-        || lower.contains("unknown method")
-    {
+
+    /// Whether an add refused this way may be retried: nothing changed, and waiting can
+    /// clear it.
+    pub fn add_may_queue(self) -> bool {
+        matches!(self, Refusal::TooManyLearners | Refusal::Unhealthy)
+    }
+
+    /// Whether a promote refused this way may be retried.
+    pub fn promote_may_wait(self) -> bool {
+        matches!(
+            self,
+            Refusal::LearnerNotReady | Refusal::Unhealthy | Refusal::NotEnoughStarted
+        )
+    }
+}
+
+/// A failed call, classified once: the class every retry matches, and etcd's typed
+/// refusal when the answer is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classified {
+    /// What to do about it.
+    pub class: ErrorClass,
+    /// Which of etcd's membership refusals it is, if any.
+    pub refusal: Option<Refusal>,
+}
+
+impl Classified {
+    /// The learner-add retry rule: queue (pause, retry) on exactly the refusals waiting
+    /// clears ([`Refusal::add_may_queue`]).
+    pub fn learner_add_queues(&self) -> bool {
+        self.refusal.is_some_and(Refusal::add_may_queue)
+    }
+}
+
+/// The one classifier of a gRPC status. `message` is the status message exactly as etcd
+/// sent it; `detail` is the message with the transport's causes appended (what tells
+/// "refused" from "timed out" for a connection that failed).
+///
+/// etcd's own errors are typed by gRPC code and exact text, as etcd's client does in
+/// `rpctypes` ([`Refusal::classify`]): "unhealthy cluster" is UNAVAILABLE with exactly
+/// that text, never a substring of something else. UNIMPLEMENTED is the gRPC code alone
+/// (gRPC servers answer an unknown service or method with it). A transport status
+/// (UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED without etcd's `etcdserver:` prefix, or
+/// UNKNOWN with a transport error) is [`ErrorClass::Unreachable`] when connecting failed
+/// and [`ErrorClass::NoAnswer`] otherwise.
+pub fn classify(code: i32, message: &str, detail: &str) -> Classified {
+    let refusal = Refusal::classify(code, message);
+    let class = match refusal {
+        Some(Refusal::Unhealthy) => ErrorClass::UnhealthyCluster,
+        Some(Refusal::PeerUrlExists) => ErrorClass::PeerUrlExists,
+        Some(_) => ErrorClass::Answered,
+        None => classify_unrefused(code, message, detail),
+    };
+    Classified { class, refusal }
+}
+
+fn classify_unrefused(code: i32, message: &str, detail: &str) -> ErrorClass {
+    if code == code::UNIMPLEMENTED {
         return ErrorClass::Unimplemented;
     }
-    if lower.contains("etcdserver: peer urls already exists") {
-        return ErrorClass::PeerUrlExists;
-    }
-    if ETCD_AMBIGUOUS.iter().any(|t| message.starts_with(t)) {
+    if code == code::UNAVAILABLE && ETCD_AMBIGUOUS.contains(&message) {
         return ErrorClass::NoAnswer;
     }
     let from_etcd = message.starts_with("etcdserver:") || message.starts_with("etcdhttp:");
+    let lower = format!("{message} {detail}").to_ascii_lowercase();
     let connect_failed = CONNECT_FAILED.iter().any(|t| lower.contains(t));
-    match code {
-        code::UNAVAILABLE | code::DEADLINE_EXCEEDED | code::CANCELLED if !from_etcd => {
-            if connect_failed {
-                ErrorClass::Unreachable
-            } else {
-                ErrorClass::NoAnswer
-            }
-        }
+    let transport = match code {
+        code::UNAVAILABLE | code::DEADLINE_EXCEEDED | code::CANCELLED => !from_etcd,
         // tonic reports a broken connection mid-call as UNKNOWN with a transport message.
-        code::UNKNOWN if lower.contains("transport error") => {
-            if connect_failed {
-                ErrorClass::Unreachable
-            } else {
-                ErrorClass::NoAnswer
-            }
-        }
-        _ => ErrorClass::Answered,
+        code::UNKNOWN => lower.contains("transport error"),
+        _ => false,
+    };
+    match (transport, connect_failed) {
+        (true, true) => ErrorClass::Unreachable,
+        (true, false) => ErrorClass::NoAnswer,
+        (false, _) => ErrorClass::Answered,
     }
+}
+
+/// [`classify`]'s class of a status whose message carries no appended causes.
+pub fn classify_status(code: i32, message: &str) -> ErrorClass {
+    classify(code, message, "").class
 }
 
 /// What a member add does next after a failed attempt, by the failure's class.
@@ -727,10 +835,24 @@ mod tests {
                 "unknown method Downgrade for service etcdserverpb.Maintenance",
                 ErrorClass::Unimplemented,
             ),
+            // UNIMPLEMENTED is the code, not a text: the same words under another code are
+            // another answer.
             (
                 code::UNKNOWN,
                 "unknown service etcdserverpb.Maintenance",
-                ErrorClass::Unimplemented,
+                ErrorClass::Answered,
+            ),
+            // etcd's refusal text embedded in other text, or under another code, is not
+            // the refusal.
+            (
+                code::UNAVAILABLE,
+                "proxy: etcdserver: unhealthy cluster (upstream)",
+                ErrorClass::NoAnswer,
+            ),
+            (
+                code::UNKNOWN,
+                "etcdserver: unhealthy cluster",
+                ErrorClass::Answered,
             ),
             (
                 code::UNAVAILABLE,
@@ -740,6 +862,124 @@ mod tests {
         ];
         for (c, message, want) in cases {
             assert_eq!(classify_status(c, message), want, "{c} {message}");
+        }
+    }
+
+    #[test]
+    fn refusals_are_typed_by_code_and_exact_text() {
+        assert_eq!(
+            Refusal::classify(9, "etcdserver: too many learner members in cluster"),
+            Some(Refusal::TooManyLearners)
+        );
+        assert_eq!(
+            Refusal::classify(14, "etcdserver: unhealthy cluster"),
+            Some(Refusal::Unhealthy)
+        );
+        // The same text under another code, or embedded in other text, is not the refusal.
+        assert_eq!(Refusal::classify(2, "etcdserver: unhealthy cluster"), None);
+        assert_eq!(
+            Refusal::classify(14, "proxy: etcdserver: unhealthy cluster (upstream)"),
+            None
+        );
+        assert_eq!(
+            Refusal::classify(
+                9,
+                "etcdserver: can only promote a learner member which is in sync with leader"
+            ),
+            Some(Refusal::LearnerNotReady)
+        );
+        assert_eq!(
+            Refusal::classify(9, "etcdserver: can only promote a learner member"),
+            Some(Refusal::MemberNotLearner)
+        );
+        assert!(Refusal::TooManyLearners.add_may_queue());
+        assert!(Refusal::Unhealthy.add_may_queue());
+        assert!(!Refusal::PeerUrlExists.add_may_queue());
+        assert!(!Refusal::NotEnoughStarted.add_may_queue());
+        assert!(Refusal::LearnerNotReady.promote_may_wait());
+        assert!(!Refusal::TooManyLearners.promote_may_wait());
+    }
+
+    /// The classifier and both member-add retries in one table: each answer etcd (or the
+    /// transport) gives goes through [`classify`] once, and the voter add's next step
+    /// ([`add_step`]) and the learner add's queueing ([`Classified::learner_add_queues`])
+    /// follow from what it computed. A classifier that matched text loosely, or a retry
+    /// that looked at the text, fails here.
+    #[test]
+    fn classifier_and_member_add_retries_agree() {
+        use AddStep::*;
+        let cases: &[(i32, &str, &str, ErrorClass, AddStep, bool)] = &[
+            (
+                code::UNAVAILABLE,
+                UNHEALTHY_CLUSTER,
+                "",
+                ErrorClass::UnhealthyCluster,
+                Backoff,
+                true,
+            ),
+            (
+                code::FAILED_PRECONDITION,
+                "etcdserver: too many learner members in cluster",
+                "",
+                ErrorClass::Answered,
+                Fail,
+                true,
+            ),
+            (
+                code::FAILED_PRECONDITION,
+                "etcdserver: Peer URLs already exists",
+                "",
+                ErrorClass::PeerUrlExists,
+                Fail,
+                false,
+            ),
+            (
+                code::UNAVAILABLE,
+                "etcdserver: leader changed",
+                "",
+                ErrorClass::NoAnswer,
+                ReadMembers,
+                false,
+            ),
+            (
+                code::UNAVAILABLE,
+                "transport error",
+                "tcp connect error: Connection refused (os error 111)",
+                ErrorClass::Unreachable,
+                NextEndpoint,
+                false,
+            ),
+            (
+                code::UNIMPLEMENTED,
+                "unknown method MemberAdd",
+                "",
+                ErrorClass::Unimplemented,
+                Fail,
+                false,
+            ),
+            // Loose matches of the refusal text are not the refusal.
+            (
+                code::UNKNOWN,
+                UNHEALTHY_CLUSTER,
+                "",
+                ErrorClass::Answered,
+                Fail,
+                false,
+            ),
+            (
+                code::UNAVAILABLE,
+                "etcdserver: unhealthy cluster, really",
+                "",
+                ErrorClass::Answered,
+                Fail,
+                false,
+            ),
+        ];
+        for &(c, message, detail, class, step, queues) in cases {
+            let got = classify(c, message, detail);
+            assert_eq!(got.class, class, "{c} {message}");
+            assert_eq!(add_step(got.class, false), step, "{c} {message}");
+            assert_eq!(got.learner_add_queues(), queues, "{c} {message}");
         }
     }
 

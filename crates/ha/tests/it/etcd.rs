@@ -91,6 +91,23 @@ async fn membership_grows_refuses_fails_closed_and_shrinks() -> anyhow::Result<(
     // check answers "unhealthy cluster" (the 4th voter is not connected). The add is
     // retried while the 4th starts, and goes through once it has been connected ~5 s.
     let s5 = cluster.plan_member()?;
+    // The classifier and the retry together, on etcd's real answer: with a single attempt,
+    // the add behind the unstarted 4th member ends as `AddRefused` (the class computed
+    // from the gRPC status was UnhealthyCluster and the retry took its backoff branch),
+    // not as a generic `Request` error, and nothing was added.
+    let once = AddMember {
+        retry: RetryPolicy {
+            attempts: 1,
+            ..test_retry()
+        },
+        ..AddMember::new(&s5.name, s5.peer_url())
+    };
+    match etcd::member_add_with(&opts, &eps, &once, None).await {
+        Err(EtcdError::AddRefused { attempts: 1, .. }) => {}
+        other => panic!("expected AddRefused after one unhealthy-cluster refusal: {other:?}"),
+    }
+    let (_, members) = etcd::member_list_via(&opts, &eps).await?;
+    assert_eq!(members.len(), 4, "a refused add adds nothing");
     let add5_req = AddMember {
         retry: test_retry(),
         ..AddMember::new(&s5.name, s5.peer_url())

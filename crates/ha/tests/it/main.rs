@@ -5,3 +5,4 @@ mod etcd;
 mod etcd_harness;
 mod grants;
 mod learner;
+mod mint;

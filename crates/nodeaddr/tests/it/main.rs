@@ -4,4 +4,5 @@
 mod common;
 mod reconcile;
 mod run;
+mod serve;
 mod shell;

@@ -413,3 +413,106 @@ fn leaves_never_outlive_their_ca() {
         ca_cert.validity().not_after
     );
 }
+
+/// Every file below `dir`, relative, sorted, with its bytes.
+fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(base: &Path, d: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(base, &p, out);
+            } else {
+                let rel = p.strip_prefix(base).unwrap().display().to_string();
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// `plan_pki` refuses the whole PKI when any one key it would replace exists, before
+/// anything is written; `leaves_only` keeps the shared CAs; `overwrite` replaces.
+#[test]
+fn the_pki_plan_is_all_or_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let mut req = pki::PkiRequest::new(root.path().join("pki"), node());
+    assert_eq!(req.kubeconfig_dir, root.path());
+    assert_eq!(req.server, "https://10.1.0.100:6443", "the VIP first");
+
+    // Only a stale kubeconfig exists: the plan is refused and no CA appears.
+    std::fs::write(root.path().join("scheduler.conf"), "stale").unwrap();
+    let err = pki::plan_pki(&req).unwrap_err();
+    assert!(
+        matches!(&err, PkiError::WouldOverwrite { path, shared: true } if path.ends_with("scheduler.conf")),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("--force") && text.contains("--leaves-only"),
+        "{text}"
+    );
+    assert_eq!(tree(root.path()).len(), 1, "nothing was written");
+    std::fs::remove_file(root.path().join("scheduler.conf")).unwrap();
+
+    let plan = pki::plan_pki(&req).unwrap();
+    assert!(
+        !format!("{plan:?}").contains("PRIVATE KEY"),
+        "no key in Debug"
+    );
+    let pin = plan.ca_cert_hash().unwrap();
+    let written = plan.apply().unwrap();
+    assert_eq!(
+        written.len(),
+        pki::SHARED_FILES.len() + pki::node_leaf_files().len() + pki::KUBECONFIG_FILES.len()
+    );
+    let ca_pem = std::fs::read(root.path().join("pki/ca.crt")).unwrap();
+    assert_eq!(pki::ca_cert_hash(&ca_pem).unwrap(), pin);
+    // The leaves are issued by the CAs written beside them.
+    let ca_der = der(&root.path().join("pki/ca.crt"));
+    let leaf_der = der(&root.path().join("pki/apiserver.crt"));
+    let (_, ca) = parse_x509_certificate(&ca_der).unwrap();
+    let (_, leaf) = parse_x509_certificate(&leaf_der).unwrap();
+    leaf.verify_signature(Some(ca.public_key())).unwrap();
+    let admin: pki::Kubeconfig =
+        serde_yaml::from_str(&std::fs::read_to_string(root.path().join("admin.conf")).unwrap())
+            .unwrap();
+    assert_eq!(admin.clusters[0].cluster.server, "https://10.1.0.100:6443");
+
+    // A second run refuses and changes nothing; leaves-only names a leaf key, not the CA.
+    let before = tree(root.path());
+    let err = pki::plan_pki(&req).unwrap_err();
+    assert!(
+        matches!(&err, PkiError::WouldOverwrite { path, .. } if path.ends_with("pki/ca.key")),
+        "{err}"
+    );
+    req.leaves_only = true;
+    let err = pki::plan_pki(&req).unwrap_err();
+    assert!(
+        matches!(&err, PkiError::WouldOverwrite { shared: false, .. })
+            && !err.to_string().contains("--leaves-only"),
+        "{err}"
+    );
+    assert_eq!(tree(root.path()), before);
+
+    // Leaves only, overwriting: the shared CA stays, the leaves are new.
+    req.overwrite = true;
+    pki::plan_pki(&req).unwrap().apply().unwrap();
+    let after = tree(root.path());
+    let get = |t: &[(String, Vec<u8>)], f: &str| t.iter().find(|(p, _)| p == f).unwrap().1.clone();
+    assert_eq!(get(&after, "pki/ca.key"), get(&before, "pki/ca.key"));
+    assert_ne!(
+        get(&after, "pki/apiserver.key"),
+        get(&before, "pki/apiserver.key")
+    );
+
+    // Leaves only without the CAs is a clear error, and writes nothing.
+    let empty = tempfile::tempdir().unwrap();
+    let mut req = pki::PkiRequest::new(empty.path().join("pki"), node());
+    req.leaves_only = true;
+    let err = pki::plan_pki(&req).unwrap_err();
+    assert!(err.to_string().contains("ca.crt"), "{err}");
+    assert!(tree(empty.path()).is_empty());
+}
