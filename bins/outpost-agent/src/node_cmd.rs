@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use hostnode::backend::{HostBackend, IsolationBackend, SlotRef};
 use hostnode::configure::{self, Applied};
-use hostnode::goalstate::{AgentConfig, MachineGoalState};
+use hostnode::goalstate::MachineGoalState;
 use hostnode::lock::NodeLock;
 use hostnode::phases::{self, BoxError, PhaseError, Progress, Task, func};
 use hostnode::runner::{Cmd, HostRunner, RunError, Runner};
@@ -182,7 +182,7 @@ impl Node {
     }
 
     fn resolve(&self) -> anyhow::Result<MachineGoalState> {
-        let config = AgentConfig::load(&self.config_path)?;
+        let config = agent::load_node_stack(&self.config_path)?;
         Ok(self.hooks.goal_state_source(config).for_slot(&self.slot)?)
     }
 

@@ -56,6 +56,7 @@ mod derive;
 mod plan;
 mod reconciler;
 mod routing;
+pub mod tunnel;
 mod status;
 mod worker;
 
