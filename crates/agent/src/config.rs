@@ -187,7 +187,10 @@ pub struct TunnelConfig {
     #[serde(default = "default_port_slots")]
     pub port_slots: u16,
     /// The first restart delay; it doubles per failed start up to `maxRestartBackoff`.
-    #[serde(default = "default_restart_backoff", deserialize_with = "restart_backoff")]
+    #[serde(
+        default = "default_restart_backoff",
+        deserialize_with = "restart_backoff"
+    )]
     pub restart_backoff: Duration,
     /// The longest restart delay.
     #[serde(
@@ -354,7 +357,9 @@ impl AgentConfig {
                         "check: wireguard needs the WireGuard interface name (e.g. wg0)".into(),
                     ));
                 }
-                Some(name) => check_interface(name).map_err(|r| invalid("dataPlane.interface", r))?,
+                Some(name) => {
+                    check_interface(name).map_err(|r| invalid("dataPlane.interface", r))?
+                }
             },
             DataPlaneCheck::Tunnel => {
                 if file.tunnel.is_none() {
@@ -594,9 +599,7 @@ mod tests {
     #[test]
     fn errors_name_the_field_and_never_echo_the_token() {
         // A misshapen auth block (the token where a mapping belongs).
-        let text = format!(
-            "nodeName: w1\nkubelet: {{}}\nauth:\n  bootstrapToken: \"{SECRET}\"\n"
-        );
+        let text = format!("nodeName: w1\nkubelet: {{}}\nauth:\n  bootstrapToken: \"{SECRET}\"\n");
         let err = parse(&text).unwrap_err();
         let shown = format!("{err:#} {err:?}");
         assert!(!shown.contains("0123456789abcdef"), "{shown}");
@@ -610,26 +613,41 @@ mod tests {
         // A type error elsewhere with the token nearby.
         let text = format!("nodeName: w1\nhealth: {{listen: [\"{SECRET}\"]}}\n");
         let shown = parse(&text).unwrap_err().to_string();
-        assert!(shown.contains("health.listen") && !shown.contains("0123456789"), "{shown}");
+        assert!(
+            shown.contains("health.listen") && !shown.contains("0123456789"),
+            "{shown}"
+        );
     }
 
     #[test]
     fn daemon_sections_are_checked() {
         for (text, field) in [
             ("nodeName: W_1\n", "nodeName"),
-            ("nodeName: w1\ndataPlane: {check: wireguard}\n", "dataPlane.interface"),
+            (
+                "nodeName: w1\ndataPlane: {check: wireguard}\n",
+                "dataPlane.interface",
+            ),
             (
                 "nodeName: w1\ndataPlane: {check: wireguard, interface: '-bad'}\n",
                 "dataPlane.interface",
             ),
-            ("nodeName: w1\ndataPlane: {check: tunnel}\n", "dataPlane.check"),
+            (
+                "nodeName: w1\ndataPlane: {check: tunnel}\n",
+                "dataPlane.check",
+            ),
             (
                 "nodeName: w1\ndataPlane: {maxHandshakeAge: soon}\n",
                 "dataPlane: maxHandshakeAge",
             ),
             ("nodeName: w1\ntunnel: {server: cp}\n", "tunnel.server"),
-            ("nodeName: w1\ntunnel: {server: 'cp:22', format: frpc}\n", "tunnel.format"),
-            ("nodeName: w1\ntunnel: {server: 'cp:22', user: '-oProxyCommand=x'}\n", "tunnel.user"),
+            (
+                "nodeName: w1\ntunnel: {server: 'cp:22', format: frpc}\n",
+                "tunnel.format",
+            ),
+            (
+                "nodeName: w1\ntunnel: {server: 'cp:22', user: '-oProxyCommand=x'}\n",
+                "tunnel.user",
+            ),
             ("nodeName: w1\nadmin: {listen: nowhere}\n", "admin.listen"),
         ] {
             let err = parse(text).unwrap_err().to_string();

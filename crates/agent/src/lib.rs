@@ -17,3 +17,6 @@
 pub mod config;
 
 pub use config::{AgentConfig, ConfigError, load_node_stack};
+pub mod dataplane;
+pub mod run;
+pub mod tunnel;

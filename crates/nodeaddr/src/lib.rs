@@ -56,8 +56,8 @@ mod derive;
 mod plan;
 mod reconciler;
 mod routing;
-pub mod tunnel;
 mod status;
+pub mod tunnel;
 mod worker;
 
 pub use derive::{

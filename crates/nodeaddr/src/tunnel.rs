@@ -30,7 +30,8 @@ pub fn split_host_port(s: &str) -> Result<(String, u16), ServerAddrError> {
         rest.split_once("]:")
             .ok_or_else(|| bad("expected [IPv6]:PORT"))?
     } else {
-        s.rsplit_once(':').ok_or_else(|| bad("expected HOST:PORT"))?
+        s.rsplit_once(':')
+            .ok_or_else(|| bad("expected HOST:PORT"))?
     };
     if host.is_empty() {
         return Err(bad("the host is empty"));
