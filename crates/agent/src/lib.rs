@@ -20,3 +20,4 @@ pub use config::{AgentConfig, ConfigError, load_node_stack};
 pub mod dataplane;
 pub mod run;
 pub mod tunnel;
+pub mod join;
