@@ -1,7 +1,7 @@
 //! The data-plane checks readiness waits for (`dataPlane.check`).
 //!
-//! - `wireguard`: the interface exists and is administratively up
-//!   (`/sys/class/net/<if>/flags` has `IFF_UP`), and its newest peer handshake
+//! - `wireguard`: the interface exists and is administratively up (`IFF_UP`, read
+//!   with getifaddrs in the agent's network namespace), and its newest peer handshake
 //!   (`wg show <if> latest-handshakes`) is younger than `maxHandshakeAge`. A WireGuard
 //!   interface with no live peer is up in every other sense and forwards nothing.
 //! - `tunnel`: the supervised tunnel runs and its remote port answers (see
@@ -10,12 +10,8 @@
 //! The pure parts ([`newest_handshake`], [`judge_handshake`]) are unit tested; the
 //! component test runs a real wireguard-go pair.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-/// `IFF_UP` from `<linux/if.h>`.
-const IFF_UP: u64 = 0x1;
 
 /// Why the data plane is not up. The text goes to the log, never into a probe body.
 #[derive(Debug, thiserror::Error)]
@@ -27,12 +23,10 @@ pub enum DataPlaneError {
         interface: String,
     },
     /// The interface flags could not be read.
-    #[error("cannot read the flags of interface {interface} from {}", path.display())]
+    #[error("cannot read the flags of interface {interface}")]
     Flags {
         /// The interface.
         interface: String,
-        /// The sysfs file.
-        path: PathBuf,
         /// Why.
         #[source]
         source: std::io::Error,
@@ -132,24 +126,24 @@ pub fn judge_handshake(
 
 /// The `wireguard` check (blocking: reads sysfs and runs `wg`).
 pub fn wireguard_check(interface: &str, max_age: Duration) -> Result<(), DataPlaneError> {
-    let path = PathBuf::from(format!("/sys/class/net/{interface}/flags"));
-    let flags = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(DataPlaneError::Missing {
-                interface: interface.to_string(),
-            });
-        }
-        Err(source) => {
-            return Err(DataPlaneError::Flags {
-                interface: interface.to_string(),
-                path,
-                source,
-            });
-        }
-    };
-    let flags = u64::from_str_radix(flags.trim().trim_start_matches("0x"), 16).unwrap_or(0);
-    if flags & IFF_UP == 0 {
+    // getifaddrs (netlink) answers for the caller's network namespace; /sys/class/net
+    // answers for the namespace sysfs was mounted in, which need not be the same.
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| DataPlaneError::Flags {
+        interface: interface.to_string(),
+        source: std::io::Error::from(e),
+    })?;
+    let mut found = false;
+    let mut up = false;
+    for a in addrs.filter(|a| a.interface_name == interface) {
+        found = true;
+        up |= a.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP);
+    }
+    if !found {
+        return Err(DataPlaneError::Missing {
+            interface: interface.to_string(),
+        });
+    }
+    if !up {
         return Err(DataPlaneError::Down {
             interface: interface.to_string(),
         });
