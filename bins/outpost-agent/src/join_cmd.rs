@@ -15,7 +15,12 @@ pub struct Args {
     pub server: String,
     /// The bootstrap token, ID.SECRET. Prefer the environment variable: a flag is visible
     /// to every user of this host in the process list while the join runs.
-    #[arg(long, env = "OUTPOST_JOIN_TOKEN", hide_env_values = true, value_name = "ID.SECRET")]
+    #[arg(
+        long,
+        env = "OUTPOST_JOIN_TOKEN",
+        hide_env_values = true,
+        value_name = "ID.SECRET"
+    )]
     pub token: String,
     /// The CA pin, sha256:HEX (the SHA-256 of the cluster CA's public key).
     #[arg(long, value_name = "sha256:HEX")]

@@ -88,13 +88,12 @@ pub enum JoinError {
 /// Joins: discovers and verifies the cluster, then writes the files. See the module docs.
 pub async fn join(req: JoinRequest) -> Result<Joined, JoinError> {
     // 1. Discovery: nothing is read from disk but the template, nothing is written.
-    let template =
-        std::fs::read_to_string(&req.config).map_err(|source| {
-            JoinError::Config(ConfigError::Read {
-                path: req.config.clone(),
-                source,
-            })
-        })?;
+    let template = std::fs::read_to_string(&req.config).map_err(|source| {
+        JoinError::Config(ConfigError::Read {
+            path: req.config.clone(),
+            source,
+        })
+    })?;
     // The template is checked before contacting anyone, so a typo fails fast.
     let _ = build_config(&template, &req.config, "https://127.0.0.1:6443", &req.token)?;
     let discovered = discovery::discover(&req.server, &req.token, &req.pin, req.timeouts)

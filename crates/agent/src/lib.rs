@@ -18,6 +18,6 @@ pub mod config;
 
 pub use config::{AgentConfig, ConfigError, load_node_stack};
 pub mod dataplane;
+pub mod join;
 pub mod run;
 pub mod tunnel;
-pub mod join;
