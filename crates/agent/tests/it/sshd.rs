@@ -1,6 +1,8 @@
 //! A real sshd on 127.0.0.1 with a generated host key and one authorized client key,
 //! killed on drop. Forwarding is allowed both ways: the tunnel's `-R` and the readiness
-//! probe's `-W`.
+//! probe's `-W`. Shared with `bins/outpost-agent/tests/it` (included by path).
+
+#![allow(dead_code)] // each test binary uses part of it
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -60,7 +62,11 @@ impl Sshd {
         keygen(&client_key);
         let authorized = dir.path().join("authorized_keys");
         std::fs::copy(client_key.with_extension("pub"), &authorized).unwrap();
-        let port = super::common::free_port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
         let cfg = dir.path().join("sshd_config");
         std::fs::write(
