@@ -14,6 +14,12 @@
 //!
 //! Operations: `docs/outpost-agent.md`.
 
+// Library code reports failures as values; tests may unwrap.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 pub mod config;
 
 pub use config::{AgentConfig, ConfigError, load_node_stack};
