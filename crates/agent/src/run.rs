@@ -423,3 +423,49 @@ impl Collector for Conditions {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+
+    fn node(conditions: Option<Vec<(&str, &str)>>) -> Node {
+        Node {
+            status: Some(NodeStatus {
+                conditions: conditions.map(|cs| {
+                    cs.into_iter()
+                        .map(|(t, s)| NodeCondition {
+                            type_: t.into(),
+                            status: s.into(),
+                            ..Default::default()
+                        })
+                        .collect()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_ready_true_counts() {
+        assert!(
+            node_ready(&node(Some(vec![
+                ("MemoryPressure", "False"),
+                ("Ready", "True")
+            ])))
+            .is_ok()
+        );
+        for n in [
+            node(Some(vec![("Ready", "False")])),
+            node(Some(vec![("Ready", "Unknown")])),
+            node(Some(vec![("MemoryPressure", "True")])),
+            node(None),
+            Node::default(),
+        ] {
+            assert!(node_ready(&n).is_err(), "{n:?}");
+        }
+        let why = node_ready(&node(Some(vec![("Ready", "Unknown")]))).unwrap_err();
+        assert!(why.contains("Unknown"), "{why}");
+    }
+}
