@@ -52,13 +52,26 @@ pub enum Format {
 /// Flags of `outpost-agent tunnel-config`.
 #[derive(Debug, clap::Args)]
 pub struct TunnelConfigArgs {
+    /// The agent configuration (the one agent.yaml): print exactly the `ssh -R` that
+    /// `outpost-agent run --config FILE` runs, from its `nodeName` and `tunnel:` block
+    /// (bind address: `tunnel.remoteBind`, else the reconciler's, read with `kubeconfig`).
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "server", "format", "ssh_user", "remote_bind", "identity_file", "known_hosts",
+        "kubeconfig", "port_base", "port_slots",
+    ])]
+    pub config: Option<std::path::PathBuf>,
     /// The node name as configured on this worker (k3s `--node-name`).
-    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
-    pub node_name: String,
+    #[arg(
+        long,
+        env = "NODE_NAME",
+        value_name = "NAME",
+        required_unless_present = "config"
+    )]
+    pub node_name: Option<String>,
     /// The tunnel server on the control-plane host: frps' bind port for frpc, sshd's port
     /// for ssh (e.g. cp.example.net:7000, [2001:db8::1]:22).
-    #[arg(long, value_name = "HOST:PORT")]
-    pub server: String,
+    #[arg(long, value_name = "HOST:PORT", required_unless_present = "config")]
+    pub server: Option<String>,
     /// Which tunnel client to configure.
     #[arg(long, value_enum, default_value_t = Format::Frpc)]
     pub format: Format,
@@ -94,18 +107,24 @@ pub fn kubelet_port(args: KubeletPortArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn tunnel_config(args: TunnelConfigArgs) -> anyhow::Result<ExitCode> {
-    check_name(&args.node_name)?;
+    if let Some(path) = &args.config {
+        return from_agent_config(path, args.node_name.as_deref()).await;
+    }
+    let (Some(node_name), Some(server)) = (&args.node_name, &args.server) else {
+        bail!("pass --node-name and --server, or --config FILE");
+    };
+    check_name(node_name)?;
     let range = args.range.range()?;
-    let port = range.port_for(&args.node_name);
-    let (host, server_port) = tunnel::split_host_port(&args.server).context("--server")?;
+    let port = range.port_for(node_name);
+    let (host, server_port) = tunnel::split_host_port(server).context("--server")?;
     let text = match args.format {
-        Format::Frpc => tunnel::frpc_toml(&args.node_name, &host, server_port, port),
+        Format::Frpc => tunnel::frpc_toml(node_name, &host, server_port, port),
         Format::Ssh => {
             let bind = match (args.remote_bind, &args.kubeconfig) {
                 (Some(ip), _) => ip,
                 (None, Some(path)) => {
                     let client = client(path).await?;
-                    let found = nodeaddr::bind_address(client, &args.node_name, range)
+                    let found = nodeaddr::bind_address(client, node_name, range)
                         .await
                         .map_err(|e| anyhow::anyhow!(nodeaddr::error_chain(&e)))?;
                     let how = match found.source {
@@ -121,7 +140,7 @@ pub async fn tunnel_config(args: TunnelConfigArgs) -> anyhow::Result<ExitCode> {
                     found.address
                 }
                 (None, None) => {
-                    let ip = nodeaddr::loopback_candidate(&args.node_name);
+                    let ip = nodeaddr::loopback_candidate(node_name);
                     eprintln!(
                         "# binding {ip}, the first candidate for this name; pass --kubeconfig \
                          to bind exactly the address the reconciler assigns"
@@ -142,6 +161,40 @@ pub async fn tunnel_config(args: TunnelConfigArgs) -> anyhow::Result<ExitCode> {
         }
     };
     print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `tunnel-config --config F`: the command `run` would start, resolved the same way.
+async fn from_agent_config(
+    path: &std::path::Path,
+    node_name: Option<&str>,
+) -> anyhow::Result<ExitCode> {
+    let config = agent::AgentConfig::load(path)?;
+    if let Some(name) = node_name
+        && name != config.node_name
+    {
+        bail!(
+            "--node-name (or NODE_NAME) {name:?} differs from nodeName {:?} in {}; drop one",
+            config.node_name,
+            path.display()
+        );
+    }
+    let Some(t) = &config.tunnel else {
+        bail!("{} has no tunnel: block; nothing to render", path.display());
+    };
+    let client = if t.remote_bind.is_none() {
+        match agent::run::client_from(&config.kubeconfig).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("# {e}; binding the first candidate for this name");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let tunnel = agent::tunnel::resolve(t, &config.node_name, client.as_ref()).await;
+    print!("{}", tunnel.render());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -140,11 +140,9 @@ pub async fn supervise(
         name: Some(node_name.clone()),
         ..Default::default()
     };
-    let range = nodeaddr::PortRange::new(config.port_base, config.port_slots)
-        .unwrap_or(nodeaddr::PortRange::DEFAULT);
     let mut backoff = config.restart_backoff;
     loop {
-        let tunnel = resolve(&config, &node_name, &client, range).await;
+        let tunnel = resolve(&config, &node_name, Some(&client)).await;
         let command = tunnel.render().trim_end().to_string();
         *handle.probe.lock().unwrap_or_else(PoisonError::into_inner) = Some(tunnel.clone());
         let argv = tunnel.argv();
@@ -206,30 +204,38 @@ pub async fn supervise(
     }
 }
 
-/// The tunnel for this start: the configured bind address, else the reconciler's.
-async fn resolve(
+/// The tunnel `run` starts for this configuration: the configured bind address, else the
+/// one the reconciler assigns (read with `client`), else the first candidate derived from
+/// the name (logged). `outpost-agent tunnel-config --config F` prints the same.
+pub async fn resolve(
     config: &TunnelConfig,
     node_name: &str,
-    client: &kube::Client,
-    range: nodeaddr::PortRange,
+    client: Option<&kube::Client>,
 ) -> SshTunnel {
+    let range = nodeaddr::PortRange::new(config.port_base, config.port_slots)
+        .unwrap_or(nodeaddr::PortRange::DEFAULT);
     // Validated at load.
     let (host, ssh_port) = nodeaddr::tunnel::split_host_port(&config.server)
         .unwrap_or_else(|_| (config.server.clone(), 22));
-    let bind = match config.remote_bind {
-        Some(ip) => ip,
-        None => match nodeaddr::bind_address(client.clone(), node_name, range).await {
-            Ok(found) => found.address,
-            Err(e) => {
-                let ip = nodeaddr::loopback_candidate(node_name);
-                warn!(
-                    node = %node_name,
-                    error = %nodeaddr::error_chain(&e),
-                    "cannot read the address the reconciler assigns; binding the first candidate {ip}"
-                );
-                ip
-            }
-        },
+    let found = match (config.remote_bind, client) {
+        (Some(ip), _) => Ok(ip),
+        (None, Some(client)) => nodeaddr::bind_address(client.clone(), node_name, range)
+            .await
+            .map(|f| f.address)
+            .map_err(|e| nodeaddr::error_chain(&e)),
+        (None, None) => Err("no client to read the Nodes with".to_string()),
+    };
+    let bind = match found {
+        Ok(ip) => ip,
+        Err(e) => {
+            let ip = nodeaddr::loopback_candidate(node_name);
+            warn!(
+                node = %node_name,
+                error = %e,
+                "cannot read the address the reconciler assigns; binding the first candidate {ip}"
+            );
+            ip
+        }
     };
     SshTunnel {
         user: config.user.clone(),

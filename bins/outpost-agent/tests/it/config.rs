@@ -101,6 +101,28 @@ fn every_command_that_takes_config_accepts_the_example() {
     );
     assert!(!err.contains("0123456789abcdef"), "{err}");
 
+    // tunnel-config: prints the ssh command `run` would start (binding the first
+    // candidate: the example's kubeconfig does not exist here).
+    let out = Command::new(BIN)
+        .args(["tunnel-config", "--config"])
+        .arg(&example)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.starts_with("ssh -N ") && printed.contains(" -R 127."),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("-i /etc/outpost-agent/tunnel_ed25519"),
+        "{printed}"
+    );
+
     // node ...: in a private network namespace (LocalDNS runs `ip`), under --host-root,
     // with a systemctl that fails: each gets past the configuration.
     for cmd in ["status", "up", "down", "reset", "upgrade"] {

@@ -79,6 +79,22 @@ async fn sigterm_ends_the_agent_within_5s_and_stops_its_tunnel() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(kill(Pid::from_raw(ssh_pid), None).is_ok());
+    // What runs is exactly what `tunnel-config --config` prints for the same file.
+    let st = status(admin).await.unwrap();
+    let printed = std::process::Command::new(BIN)
+        .args(["tunnel-config", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&printed.stdout).trim_end(),
+        st["tunnel"]["command"].as_str().unwrap()
+    );
 
     let sent = tokio::time::Instant::now();
     kill(Pid::from_raw(child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
