@@ -114,21 +114,90 @@ pub async fn client_from(path: &std::path::Path) -> Result<kube::Client, RunErro
     })
 }
 
-/// Runs the daemon until `cancel`. Binds both listeners first, so a taken port fails
-/// before anything starts.
+/// How often `run` retries a kubeconfig it cannot use yet.
+const KUBECONFIG_RETRY: Duration = Duration::from_secs(2);
+
+/// Where the daemon gets its Kubernetes client.
+#[derive(Clone)]
+pub enum ClientSource {
+    /// Read `kubeconfig` from the configuration, retrying until it is usable: on a fresh
+    /// worker the kubelet writes its kubeconfig only after its TLS bootstrap, and the agent
+    /// may start first. Meanwhile the probes answer (not ready).
+    Kubeconfig,
+    /// A client already built (tests point it at the API double).
+    Client(kube::Client),
+}
+
+/// Runs the daemon until `cancel`, reading the client from the configured kubeconfig.
 pub async fn run(
     config: AgentConfig,
     options: RunOptions,
     cancel: CancellationToken,
 ) -> Result<(), RunError> {
-    let client = client_from(&config.kubeconfig).await?;
-    run_with_client(config, client, options, cancel).await
+    run_with(config, ClientSource::Kubeconfig, options, cancel).await
 }
 
-/// [`run`] with a client already built (tests point it at the API double).
+/// [`run`] with a client already built.
 pub async fn run_with_client(
     config: AgentConfig,
     client: kube::Client,
+    options: RunOptions,
+    cancel: CancellationToken,
+) -> Result<(), RunError> {
+    run_with(config, ClientSource::Client(client), options, cancel).await
+}
+
+/// Waits for a usable client; `None` when cancelled first.
+async fn wait_for_client(
+    path: &std::path::Path,
+    cancel: &CancellationToken,
+) -> Option<kube::Client> {
+    let mut logged = false;
+    loop {
+        match client_from(path).await {
+            Ok(c) => {
+                if logged {
+                    info!(kubeconfig = %path.display(), "kubeconfig is usable now");
+                }
+                return Some(c);
+            }
+            Err(e) => {
+                if !logged {
+                    warn!(
+                        error = %error_chain(&e),
+                        "waiting for the kubeconfig (the kubelet writes it after its TLS bootstrap); not ready meanwhile"
+                    );
+                    logged = true;
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(KUBECONFIG_RETRY) => {}
+            () = cancel.cancelled() => return None,
+        }
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut s = e.source();
+    while let Some(cause) = s {
+        let text = cause.to_string();
+        // Some sources repeat their own source in their message; print each once.
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        s = cause.source();
+    }
+    out
+}
+
+/// Runs the daemon until `cancel`. Binds both listeners first, so a taken port fails
+/// before anything starts.
+pub async fn run_with(
+    config: AgentConfig,
+    source: ClientSource,
     options: RunOptions,
     cancel: CancellationToken,
 ) -> Result<(), RunError> {
@@ -256,7 +325,11 @@ pub async fn run_with_client(
             "admin listener"
         });
     }
-    {
+    let client = match source {
+        ClientSource::Client(c) => Some(c),
+        ClientSource::Kubeconfig => wait_for_client(&config.kubeconfig, &cancel).await,
+    };
+    if let Some(client) = &client {
         let c = inner.clone();
         let health = health.clone();
         let shared = shared.clone();
@@ -267,7 +340,7 @@ pub async fn run_with_client(
             "node watch"
         });
     }
-    if let Some(t) = config.tunnel.clone() {
+    if let (Some(t), Some(client)) = (config.tunnel.clone(), &client) {
         let c = inner.clone();
         let node = config.node_name.clone();
         let client = client.clone();
