@@ -169,9 +169,7 @@ pub async fn supervise(
             info!(node = %node_name, "tunnel stopped for shutdown");
             return;
         };
-        if started.elapsed() >= config.max_restart_backoff {
-            backoff = config.restart_backoff;
-        }
+        backoff = restart_delay(backoff, started.elapsed(), &config);
         handle.restarts.inc();
         handle.update(|st| st.restarts += 1);
         warn!(
@@ -200,7 +198,18 @@ pub async fn supervise(
             () = tokio::time::sleep(backoff) => {}
             () = cancel.cancelled() => return,
         }
-        backoff = (backoff * 2).min(config.max_restart_backoff);
+        backoff = backoff.saturating_mul(2).min(config.max_restart_backoff);
+    }
+}
+
+/// The delay before the next start: the current backoff, or the first one again when the
+/// run that just ended lasted at least `maxRestartBackoff` (it was healthy, and this exit
+/// is a new incident, not the same one repeating).
+pub fn restart_delay(current: Duration, ran_for: Duration, config: &TunnelConfig) -> Duration {
+    if ran_for >= config.max_restart_backoff {
+        config.restart_backoff
+    } else {
+        current
     }
 }
 
@@ -311,4 +320,42 @@ async fn stop(child: &mut Child) {
         }
     }
     let _ = child.kill().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> TunnelConfig {
+        crate::AgentConfig::parse(
+            "nodeName: w1\ntunnel: {server: 'cp:22', restartBackoff: 1s, maxRestartBackoff: 8s}\n",
+            std::path::Path::new("t.yaml"),
+        )
+        .unwrap()
+        .tunnel
+        .unwrap()
+    }
+
+    #[test]
+    fn the_backoff_doubles_to_the_cap_and_resets_after_a_long_run() {
+        let c = config();
+        let s = Duration::from_secs;
+        let mut delays = Vec::new();
+        let mut backoff = c.restart_backoff;
+        for _ in 0..6 {
+            backoff = restart_delay(backoff, s(0), &c);
+            delays.push(backoff.as_secs());
+            backoff = backoff.saturating_mul(2).min(c.max_restart_backoff);
+        }
+        assert_eq!(delays, [1, 2, 4, 8, 8, 8]);
+        assert_eq!(restart_delay(s(8), s(8), &c), s(1));
+        assert_eq!(restart_delay(s(8), s(7), &c), s(8));
+    }
+
+    #[tokio::test]
+    async fn a_stopped_tunnel_fails_the_check() {
+        let h = TunnelHandle::default();
+        assert!(matches!(h.check().await, Err(DataPlaneError::TunnelDown)));
+        assert_eq!(h.status().restarts, 0);
+    }
 }
