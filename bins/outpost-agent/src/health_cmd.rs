@@ -7,8 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context;
-use serde::Deserialize;
 use tracing::info;
 
 /// Flags of `outpost-agent health`.
@@ -19,18 +17,11 @@ pub struct Args {
     /// why the default is loopback; bind wider only on purpose.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// Agent configuration file (YAML). This command reads only its `health:` block:
-    /// `enabled` (default true; false exits at once) and `listen` (host:port).
+    /// Agent configuration file (the one agent.yaml; see docs/examples/agent.yaml). This
+    /// command uses its `health:` block: `enabled` (default true; false exits at once)
+    /// and `listen` (host:port); the rest of the file is checked too.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-}
-
-/// The part of the agent's configuration file this command reads. Other top-level blocks
-/// belong to other commands and are ignored here.
-#[derive(Debug, Default, Deserialize)]
-struct AgentConfig {
-    #[serde(default)]
-    health: Option<health::Config>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -54,10 +45,11 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The file's `health:` block (if any), the `--listen` flag over it, then defaults.
+/// The file's `health:` block (the whole file is checked), the `--listen` flag over it,
+/// then defaults.
 fn resolve(file: Option<&Path>, listen: Option<String>) -> anyhow::Result<health::Config> {
     let mut config = match file {
-        Some(path) => load(path)?,
+        Some(path) => agent::AgentConfig::load(path)?.health,
         None => health::Config::default(),
     };
     if let Some(listen) = listen {
@@ -67,68 +59,29 @@ fn resolve(file: Option<&Path>, listen: Option<String>) -> anyhow::Result<health
     Ok(config)
 }
 
-fn load(path: &Path) -> anyhow::Result<health::Config> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the config file {}", path.display()))?;
-    parse(&text).with_context(|| {
-        format!(
-            "config file {} is not valid YAML for the agent (its health block takes \
-             `enabled: true|false` and `listen: host:port`)",
-            path.display()
-        )
-    })
-}
-
-fn parse(text: &str) -> Result<health::Config, serde_yaml::Error> {
-    // An empty or comments-only file is a config that sets nothing.
-    let parsed: Option<AgentConfig> = serde_yaml::from_str(text)?;
-    Ok(parsed.and_then(|c| c.health).unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn missing_or_empty_block_means_defaults() {
-        for text in [
-            "",
-            "# nothing yet\n",
-            "health:\n",
-            "controlPlane: {url: x}\n",
-        ] {
-            let mut c = parse(text).unwrap();
-            c.apply_defaults();
-            assert_eq!(c.listen, "127.0.0.1:9101", "{text:?}");
-            assert!(c.is_enabled(), "{text:?}");
-        }
-    }
-
-    #[test]
-    fn reads_the_health_block_among_others() {
-        let c = parse(
-            "wireguard: {interface: wg0}\nhealth:\n  enabled: false\n  listen: 0.0.0.0:9200\n",
-        )
-        .unwrap();
-        assert_eq!(c.enabled, Some(false));
-        assert_eq!(c.listen, "0.0.0.0:9200");
-    }
-
-    #[test]
-    fn a_typo_in_the_health_block_is_an_error() {
-        let err = parse("health:\n  listne: 0.0.0.0:9200\n").unwrap_err();
-        assert!(err.to_string().contains("listne"), "{err}");
-    }
-
-    #[test]
     fn the_flag_overrides_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.yaml");
-        std::fs::write(&path, "health:\n  listen: 127.0.0.2:9300\n").unwrap();
+        std::fs::write(&path, "nodeName: w1\nhealth:\n  listen: 127.0.0.2:9300\n").unwrap();
         assert_eq!(resolve(Some(&path), None).unwrap().listen, "127.0.0.2:9300");
         let c = resolve(Some(&path), Some("127.0.0.3:9400".into())).unwrap();
         assert_eq!(c.listen, "127.0.0.3:9400");
         assert_eq!(c.enabled, Some(true));
+        assert_eq!(resolve(None, None).unwrap().listen, "127.0.0.1:9101");
+    }
+
+    #[test]
+    fn a_typo_in_the_health_block_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.yaml");
+        std::fs::write(&path, "nodeName: w1\nhealth:\n  listne: 0.0.0.0:9200\n").unwrap();
+        let err = resolve(Some(&path), None).unwrap_err();
+        assert!(format!("{err:#}").contains("listne"), "{err:#}");
     }
 
     #[test]

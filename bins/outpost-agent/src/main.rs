@@ -1,5 +1,5 @@
-//! `outpost-agent`: the worker agent. It serves the health probe listener, runs the
-//! node-stack lifecycle steps (`node up|down|reset|upgrade|status`), and computes the
+//! `outpost-agent`: the worker agent. It runs the worker daemon (`run`), joins a cluster
+//! (`join`), serves the health probe listener standalone, runs the node-stack lifecycle steps (`node up|down|reset|upgrade|status`), and computes the
 //! worker half of the tunnel route (`kubelet-port`, `tunnel-config`).
 //!
 //! Operations: `docs/outpost-agent.md`.
@@ -9,7 +9,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod health_cmd;
+mod join_cmd;
 mod node_cmd;
+mod run_cmd;
 mod tunnel_cmd;
 
 /// The worker agent.
@@ -24,6 +26,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the worker daemon until SIGTERM: probes with truthful readiness, the supervised
+    /// tunnel, the admin listener.
+    Run(run_cmd::Args),
+    /// Join a cluster by token discovery (pinned CA), write the bootstrap kubeconfig and
+    /// the agent configuration, then `node up` unless --no-start.
+    Join(join_cmd::Args),
     /// Serve /healthz and /readyz standalone until SIGINT/SIGTERM.
     Health(health_cmd::Args),
     /// Print the kubelet port derived from a node name.
@@ -41,6 +49,8 @@ fn main() -> ExitCode {
     cli.log.init();
     cmdline::block_on(async move {
         match cli.command {
+            Command::Run(args) => run_cmd::run(args).await,
+            Command::Join(args) => join_cmd::run(args).await,
             Command::Health(args) => health_cmd::run(args).await,
             Command::KubeletPort(args) => tunnel_cmd::kubelet_port(args),
             Command::TunnelConfig(args) => tunnel_cmd::tunnel_config(args).await,

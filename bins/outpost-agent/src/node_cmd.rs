@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use hostnode::goalstate::AgentConfig;
 use hostnode::lifecycle::{self, Event, LifecycleError, Node, NodeStatus, Report};
 use hostnode::phases::Progress;
 use hostnode::runner::{HostRunner, Runner};
@@ -150,7 +149,7 @@ fn node(args: &Args) -> anyhow::Result<Node> {
     };
     let config = args.config.clone();
     Ok(Node::new(
-        move || AgentConfig::load(&config),
+        move || agent::load_node_stack(&config),
         args.slot.clone(),
         hooks,
     ))

@@ -226,7 +226,7 @@ fn join_command(
         ),
         None => format!(
             "outpost-agent join --server {server} --token {} --discovery-token-ca-cert-hash \
-             {ca_hash}",
+             {ca_hash} --config agent.yaml",
             minted.token
         ),
     }

@@ -299,6 +299,13 @@ impl Server {
         self.inner.update(|c| c.registered = true);
     }
 
+    /// The node identity is no longer usable: for an agent that watches its Node, the
+    /// Node was deleted or its kubelet stopped posting Ready. Readiness is withheld until
+    /// [`Server::set_registered`] again.
+    pub fn set_unregistered(&self) {
+        self.inner.update(|c| c.registered = false);
+    }
+
     /// The mesh data plane is established: the tunnel interface is configured and up and
     /// the firewall baseline is installed. Call once, after both succeeded.
     ///

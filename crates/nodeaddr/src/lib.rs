@@ -64,6 +64,7 @@ mod reconciler;
 mod routing;
 mod serve;
 mod status;
+pub mod tunnel;
 mod worker;
 
 pub use derive::{

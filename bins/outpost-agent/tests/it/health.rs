@@ -181,7 +181,7 @@ async fn config_file_sets_the_listener_and_the_flag_overrides_it() {
     let path = dir.path().join("agent.yaml");
     std::fs::write(
         &path,
-        format!("controlPlane:\n  url: https://127.0.0.1:6443\nhealth:\n  listen: {taken}\n"),
+        format!("nodeName: worker-1\nhealth:\n  listen: {taken}\n"),
     )
     .unwrap();
     let config = path.to_str().unwrap();
@@ -207,7 +207,7 @@ async fn config_file_sets_the_listener_and_the_flag_overrides_it() {
 async fn disabled_listener_exits_zero_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("agent.yaml");
-    std::fs::write(&path, "health:\n  enabled: false\n").unwrap();
+    std::fs::write(&path, "nodeName: worker-1\nhealth:\n  enabled: false\n").unwrap();
     let mut agent = Agent::spawn(&["health", "--config", path.to_str().unwrap()]);
     let status = agent.exit().await;
     assert_eq!(status.code(), Some(0), "{}", agent.stderr());

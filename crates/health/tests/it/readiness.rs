@@ -145,3 +145,15 @@ async fn clones_share_one_state() {
     assert_ready(&r).await;
     r.stop().await;
 }
+
+#[tokio::test]
+async fn losing_registration_withholds_readiness_until_registered_again() {
+    let r = start(Tuning::default()).await;
+    make_ready(&r.server);
+    assert_ready(&r).await;
+    r.server.set_unregistered();
+    assert_not_ready(&r, NotReady::NotRegistered).await;
+    r.server.set_registered();
+    assert_ready(&r).await;
+    r.stop().await;
+}
