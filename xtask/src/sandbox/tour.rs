@@ -58,8 +58,8 @@ pub fn run(sbx: &Sandbox, procs: &mut Procs) -> Option<String> {
 /// Deletes what the tour created, so the process provider ends its instances before the
 /// manager stops.
 pub fn cleanup(sbx: &Sandbox) {
-    let mut cmd = kubectl(&sbx.kubeconfig);
-    cmd.args([
+    let mut hello = kubectl(&sbx.kubeconfig);
+    hello.args([
         "delete",
         "pod",
         "--ignore-not-found",
@@ -67,11 +67,23 @@ pub fn cleanup(sbx: &Sandbox) {
         "--timeout=30s",
         POD,
     ]);
+    // The stub kubelets do not run containers, so nothing would confirm a graceful
+    // deletion of the workers' probe pods: remove them at once.
+    let mut probes = kubectl(&sbx.kubeconfig);
+    probes.args([
+        "delete",
+        "pod",
+        "--ignore-not-found",
+        "--grace-period=0",
+        "--force",
+    ]);
     for w in &sbx.workers {
-        cmd.arg(format!("probe-{w}"));
+        probes.arg(format!("probe-{w}"));
     }
-    if let Err(e) = output(cmd) {
-        eprintln!("sandbox: deleting the tour's pods: {e:#}");
+    for cmd in [hello, probes] {
+        if let Err(e) = output(cmd) {
+            eprintln!("sandbox: deleting the tour's pods: {e:#}");
+        }
     }
 }
 
