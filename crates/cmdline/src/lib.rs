@@ -44,7 +44,7 @@ impl LogArgs {
         };
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_writer(std::io::stderr)
+            .with_writer(|| LossyStderr)
             // Colour codes only for a person at a terminal, never into a log file.
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
         // A second init (tests that call a binary's `run` twice) is harmless: keep the first.
@@ -53,6 +53,30 @@ impl LogArgs {
             LogFormat::Json => builder.json().try_init(),
         };
     }
+}
+
+/// stderr for log lines, losing them instead of failing when stderr is gone (a closed
+/// pipe, `agent ... 2>&1 | head -1`). A write error would make tracing-subscriber report it
+/// with `eprintln!`, which panics on the same closed stderr and kills whichever task was
+/// logging: the signal task among them, after which SIGTERM did nothing.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+/// Writes one line to stderr, ignoring a stderr that is gone.
+fn report(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// Installs ring as rustls' process-wide crypto provider. Call once at the start of `main`,
@@ -68,8 +92,9 @@ pub fn shutdown_token() -> CancellationToken {
     let child = token.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
-        tracing::info!("shutdown requested; send the signal again to exit at once");
+        // Cancel first: nothing after the signal may stand between it and the shutdown.
         child.cancel();
+        tracing::info!("shutdown requested; send the signal again to exit at once");
         wait_for_signal().await;
         tracing::warn!("second shutdown signal: exiting without waiting");
         std::process::exit(130);
@@ -99,7 +124,7 @@ pub fn exit_code(result: anyhow::Result<std::process::ExitCode>) -> std::process
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            report(format_args!("error: {err:#}"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -113,7 +138,7 @@ pub fn block_on(
     match tokio::runtime::Runtime::new() {
         Ok(runtime) => exit_code(runtime.block_on(command)),
         Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
+            report(format_args!("error: cannot start the async runtime: {err}"));
             std::process::ExitCode::FAILURE
         }
     }

@@ -109,3 +109,47 @@ async fn sigterm_ends_the_agent_within_5s_and_stops_its_tunnel() {
         "the tunnel (pid {ssh_pid}) outlived the agent"
     );
 }
+
+/// With its stderr gone (a closed pipe, as `run ... 2>&1 | head -1` leaves it), the agent
+/// still stops on SIGTERM: a failed log write must not take the signal handling with it.
+#[tokio::test]
+async fn sigterm_ends_the_agent_whose_stderr_was_closed() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.yaml");
+    // A kubeconfig that does not exist yet: the agent logs that it waits, and keeps going.
+    std::fs::write(
+        &config,
+        format!(
+            "nodeName: closed-stderr\nkubeconfig: {}\nhealth: {{listen: '127.0.0.1:{}'}}\n\
+             admin: {{listen: '127.0.0.1:{}'}}\n",
+            dir.path().join("absent.conf").display(),
+            free_port(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["--log-level", "info", "run", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the agent logs that it waits for its kubeconfig")
+        .unwrap()
+        .unwrap();
+    assert!(first.contains("waiting for the kubeconfig"), "{first}");
+    drop(lines);
+    kill(Pid::from_raw(child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("the agent exits within 5 s of SIGTERM with its stderr closed")
+        .unwrap();
+    assert!(exit.success(), "{exit}");
+}
