@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
+use common::error_chain;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
@@ -176,21 +177,6 @@ async fn wait_for_client(
             () = cancel.cancelled() => return None,
         }
     }
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut s = e.source();
-    while let Some(cause) = s {
-        let text = cause.to_string();
-        // Some sources repeat their own source in their message; print each once.
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        s = cause.source();
-    }
-    out
 }
 
 /// Runs the daemon until `cancel`. Binds both listeners first, so a taken port fails

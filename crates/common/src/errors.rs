@@ -9,7 +9,7 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     while let Some(s) = source {
         let text = s.to_string();
         // A source whose text the outer message already carries adds nothing.
-        if !out.ends_with(&text) {
+        if !out.contains(&text) {
             out.push_str(": ");
             out.push_str(&text);
         }

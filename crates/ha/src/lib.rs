@@ -30,16 +30,4 @@ pub mod tokens;
 
 /// An error and its causes, `: `-joined (a cause whose text the message already holds is
 /// not repeated), for logs and reports that print one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut next = err.source();
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = cause.source();
-    }
-    out
-}
+pub use common::error_chain;
