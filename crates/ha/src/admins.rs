@@ -70,7 +70,7 @@ pub enum AdminsError {
     )]
     Conflict,
     /// The API server refused or could not be asked.
-    #[error("cannot {action} ClusterRoleBinding {CLUSTER_ADMINS_BINDING}: {source}")]
+    #[error("cannot {action} ClusterRoleBinding {CLUSTER_ADMINS_BINDING}")]
     Api {
         /// What was being done.
         action: &'static str,

@@ -269,7 +269,7 @@ pub enum EtcdError {
         unsupported: bool,
     },
     /// The join intent could not be recorded: the add was not sent.
-    #[error("member add not sent: {0}")]
+    #[error("member add not sent")]
     Journal(#[from] JournalError),
 }
 

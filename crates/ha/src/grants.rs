@@ -66,7 +66,7 @@ pub async fn no_confirm() -> Result<(), BoxError> {
 #[derive(Debug, thiserror::Error)]
 pub enum GrantError {
     /// An entry did not open or did not parse.
-    #[error("grant entry {entry:?} of {secret} cannot be opened: {source}; nothing was written")]
+    #[error("grant entry {entry:?} of {secret} cannot be opened (nothing was written)")]
     Entry {
         /// `namespace/name` of the Secret.
         secret: String,
@@ -118,16 +118,14 @@ pub enum GrantError {
         path: String,
     },
     /// The caller's check refused the bundle.
-    #[error("the downloaded bundle was refused: {source}; nothing was written")]
+    #[error("the downloaded bundle was refused (nothing was written)")]
     Check {
         /// The check's error.
         #[source]
         source: BoxError,
     },
     /// The caller's confirm refused the write.
-    #[error(
-        "the publication was refused before writing {SECRET_REF}: {source}; nothing was written"
-    )]
+    #[error("the publication was refused before writing {SECRET_REF} (nothing was written)")]
     Confirm {
         /// The confirm's error.
         #[source]
@@ -146,7 +144,7 @@ pub enum GrantError {
     #[error(transparent)]
     Generation(#[from] plan::GenerationExhausted),
     /// A bundle could not be encoded.
-    #[error("cannot seal the bundle: {0}")]
+    #[error("cannot seal the bundle")]
     Seal(#[source] EnvelopeError),
     /// Writes kept conflicting.
     #[error(
@@ -160,7 +158,7 @@ pub enum GrantError {
         attempts: u32,
     },
     /// The API server refused or could not be asked.
-    #[error("cannot {action} {object}: {source}")]
+    #[error("cannot {action} {object}")]
     Api {
         /// What was being done.
         action: &'static str,
@@ -177,7 +175,7 @@ pub enum GrantError {
     #[error(transparent)]
     Pki(#[from] pki::PkiError),
     /// A file could not be read or written.
-    #[error("{op} {}: {source}", path.display())]
+    #[error("{op} {}", path.display())]
     Io {
         /// What was being done.
         op: &'static str,

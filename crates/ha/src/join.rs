@@ -542,8 +542,9 @@ pub async fn rollback(data_dir: &Path, state: &NodeState, reason: &str) -> Strin
         Err(etcd::EtcdError::MemberNotFound { .. }) => true,
         Err(e) => {
             warn!(
-                "rollback could not remove the etcd member {}: {e}",
-                state.etcd.peer_url
+                "rollback could not remove the etcd member {}: {}",
+                state.etcd.peer_url,
+                crate::error_chain(&e)
             );
             false
         }
@@ -558,7 +559,7 @@ pub async fn rollback(data_dir: &Path, state: &NodeState, reason: &str) -> Strin
         warn!("cannot move {} aside: {e}", state.etcd.data_dir.display());
     }
     if let Err(e) = NodeState::remove(data_dir) {
-        warn!("{e}");
+        warn!("{}", crate::error_chain(&e));
     }
     let outcome = JoinOutcome {
         member_name: state.etcd.name.clone(),
@@ -568,7 +569,7 @@ pub async fn rollback(data_dir: &Path, state: &NodeState, reason: &str) -> Strin
         at_unix: now_unix(),
     };
     if let Err(e) = outcome.save(data_dir) {
-        warn!("cannot record the join outcome: {e}");
+        warn!("cannot record the join outcome: {}", crate::error_chain(&e));
     }
     if removed {
         format!("the member {} was removed again", state.etcd.peer_url)

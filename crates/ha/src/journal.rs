@@ -34,7 +34,7 @@ pub enum JournalError {
     /// The file exists (or may exist) but could not be read: never treated as absent,
     /// because absent would let a half-joined node bootstrap a new cluster.
     #[error(
-        "join intent journal {path} cannot be read: {source}; fix its permissions or storage \
+        "join intent journal {path} cannot be read; fix its permissions or storage \
          before starting this node (treating it as absent could split the etcd cluster)"
     )]
     Unreadable {
@@ -56,7 +56,7 @@ pub enum JournalError {
         reason: String,
     },
     /// Writing the journal failed: the add must not go ahead.
-    #[error("cannot record the join intent in {path}: {source}")]
+    #[error("cannot record the join intent in {path}")]
     Write {
         /// The journal file.
         path: PathBuf,
@@ -78,7 +78,7 @@ pub enum JournalError {
         intent: String,
     },
     /// Removing the journal failed.
-    #[error("cannot clear the join intent journal {path}: {source}")]
+    #[error("cannot clear the join intent journal {path}")]
     Clear {
         /// The journal file.
         path: PathBuf,

@@ -469,7 +469,7 @@ pub async fn run_node(
     let journal = JoinIntentJournal::new(&run.data_dir);
     if matches!(journal.survives(), Ok(true)) {
         if let Err(e) = journal.clear() {
-            warn!("{e}");
+            warn!("{}", crate::error_chain(&e));
         } else {
             info!("join intent cleared: the local member's data is confirmed");
         }
@@ -598,7 +598,7 @@ async fn publish(
     let client = match crate::grants::client_from_kubeconfig(kubeconfig).await {
         Ok(c) => c,
         Err(e) => {
-            warn!("no API writes: {e}");
+            warn!("no API writes: {}", crate::error_chain(&e));
             return;
         }
     };
@@ -610,14 +610,14 @@ async fn publish(
                     bootstrap::ensure_cluster_objects(&client, &server, &ca, &state.etcd.client_url)
                         .await
                         .map(|n| info!(written = n, "bootstrap objects in place"))
-                        .map_err(|e| format!("{e}: {}", source_text(&e)))
+                        .map_err(|e| crate::error_chain(&e))
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(crate::error_chain(&e)),
             },
             Origin::Join => bootstrap::add_etcd_endpoint(&client, &state.etcd.client_url)
                 .await
                 .map(|_| ())
-                .map_err(|e| format!("{e}: {}", source_text(&e))),
+                .map_err(|e| crate::error_chain(&e)),
         };
         match result {
             Ok(()) => break,
@@ -661,14 +661,4 @@ async fn publish(
             warn!("cannot record the join Event: {e}");
         }
     }
-}
-
-fn source_text(e: &dyn std::error::Error) -> String {
-    let mut out = Vec::new();
-    let mut s = e.source();
-    while let Some(cause) = s {
-        out.push(cause.to_string());
-        s = cause.source();
-    }
-    out.join(": ")
 }

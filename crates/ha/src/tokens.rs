@@ -435,7 +435,7 @@ pub enum TokenError {
         reason: String,
     },
     /// The API server refused or could not be reached.
-    #[error("cannot {action} bootstrap token Secret {TOKEN_NAMESPACE}/{name}: {source}")]
+    #[error("cannot {action} bootstrap token Secret {TOKEN_NAMESPACE}/{name}")]
     Api {
         /// The Secret's name.
         name: String,

@@ -20,8 +20,8 @@ pub enum Error {
     /// The address could not be bound for any other reason (unparseable, not an address of
     /// this machine, a privileged port).
     #[error(
-        "cannot bind the health listener to {addr}: {source}; health.listen must be host:port \
-         on an address of this machine"
+        "cannot bind the health listener to {addr} (health.listen must be host:port on an \
+         address of this machine)"
     )]
     Bind {
         /// The configured `host:port`.

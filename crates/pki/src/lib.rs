@@ -91,7 +91,7 @@ pub fn is_private(rel: &str) -> bool {
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
     /// A file could not be read, written, synced or renamed.
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         /// What was being done ("write", "read", "rename", ...).
         op: &'static str,
@@ -139,7 +139,7 @@ pub enum PkiError {
         reason: String,
     },
     /// Key or certificate generation failed.
-    #[error("cannot generate {what}: {source}")]
+    #[error("cannot generate {what}")]
     Generate {
         /// The certificate or key being generated.
         what: String,

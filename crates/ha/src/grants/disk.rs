@@ -451,7 +451,8 @@ mod tests {
         std::fs::create_dir(root.path().join("real")).unwrap();
         std::os::unix::fs::symlink("real", root.path().join("pki")).unwrap();
         let err = write_bundle_files(&root.path().join("pki"), &bundle("new")).unwrap_err();
-        assert!(err.to_string().contains("symlink"), "{err}");
+        let err = crate::error_chain(&err);
+        assert!(err.contains("symlink"), "{err}");
         assert!(files_mentioning(root.path(), "new").is_empty());
     }
 

@@ -653,7 +653,10 @@ async fn a_refusing_confirm_or_an_oversized_grant_writes_nothing() -> anyhow::Re
     .await
     .unwrap_err();
     assert!(matches!(err, GrantError::Confirm { .. }), "{err}");
-    assert!(err.to_string().contains("lease lost to node cp2"), "{err}");
+    assert!(
+        ha::error_chain(&err).contains("lease lost to node cp2"),
+        "{err}"
+    );
     assert!(secret_writes(&server).is_empty());
     assert!(grant_secret(&client).await?.is_none());
 
