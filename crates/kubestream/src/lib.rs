@@ -1,0 +1,23 @@
+//! The server side of the kubelet's streaming protocols, what `kubectl exec`, `attach` and
+//! `port-forward` speak once the API server has passed the connection through:
+//!
+//! - SPDY/3.1 ([`spdy`]: the frame codec with its zlib header contexts) carrying the
+//!   remotecommand subprotocols `channel.k8s.io` to `v5.channel.k8s.io` (one SPDY stream
+//!   per standard stream, plus `error` and `resize`) and `portforward.k8s.io`;
+//! - WebSocket carrying `v4.channel.k8s.io` / `v5.channel.k8s.io` (binary messages whose
+//!   first byte is the channel), their `base64.` text variants, and WebSocket
+//!   port-forward (including SPDY tunnelled in WebSocket, what kubectl 1.31+ tries first);
+//! - [`upgrade`]: the HTTP upgrade handshake (transport, subprotocol negotiation, the
+//!   `101` headers, and the kubelet's refusals);
+//! - [`channel`]: protocol names, channel numbers, the request shape and the final
+//!   status payload that carries the exit code (v4+);
+//! - [`echo`]: sessions whose "process" is an echo, which the API double's stub kubelet
+//!   serves and the fuzz targets drive.
+//!
+//! WebSocket framing is `tokio-tungstenite`'s and zlib is `flate2`'s; everything that
+//! reads client bytes returns errors instead of panicking (fuzzed: `fuzz/`).
+
+pub mod channel;
+pub mod echo;
+pub mod spdy;
+pub mod upgrade;
