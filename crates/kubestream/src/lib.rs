@@ -11,6 +11,8 @@
 //!   `101` headers, and the kubelet's refusals);
 //! - [`channel`]: protocol names, channel numbers, the request shape and the final
 //!   status payload that carries the exit code (v4+);
+//! - [`exec`]: exec and attach sessions with a real process behind them: pipes for the
+//!   standard streams, resize events, the exit code reported back;
 //! - [`echo`]: sessions whose "process" is an echo, which the API double's stub kubelet
 //!   serves and the fuzz targets drive.
 //!
@@ -19,5 +21,6 @@
 
 pub mod channel;
 pub mod echo;
+pub mod exec;
 pub mod spdy;
 pub mod upgrade;
