@@ -27,14 +27,15 @@
 //!   credential, owned by the pod so garbage collection removes it (no provider shipped
 //!   here issues credentials yet, so nothing writes one).
 //!
-//! Not built here: the kubelet API server (logs/exec/port-forward routes), which plugs the
-//! optional capability traits in.
+//! - [`kubelet`]: the kubelet API of the virtual nodes ([`KubeletServer`]): container
+//!   logs and exec over SPDY and WebSocket for every provider's pods, on one TLS listener.
 
 mod blocklist;
 mod claim;
 pub mod crash;
 mod election;
 mod handler;
+pub mod kubelet;
 pub mod manager;
 mod metrics;
 pub mod node;
@@ -57,7 +58,8 @@ pub use claim::{
     provision_request,
 };
 pub use crash::{CrashHook, CrashPoint};
-pub use handler::{DeleteError, Found, Handler, LookupError};
+pub use handler::{DeleteError, Found, Handler, LookupError, PodInstance};
+pub use kubelet::KubeletServer;
 pub use metrics::Metrics;
 pub use provider::{
     BlockScope, ByteSink, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance,

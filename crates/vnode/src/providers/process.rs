@@ -659,8 +659,10 @@ impl Executor for ProcessProvider {
                 .spawn()
                 .map_err(|e| failed("exec", format!("starting {program:?}: {e}")))?;
             let mut pumps = Vec::new();
+            // Not awaited: a client may keep its stdin open after the command ended.
+            let mut stdin_pump = None;
             if let (Some(mut from), Some(mut to)) = (io.stdin, child.stdin.take()) {
-                pumps.push(tokio::spawn(async move {
+                stdin_pump = Some(tokio::spawn(async move {
                     let _ = tokio::io::copy(&mut from, &mut to).await;
                 }));
             }
@@ -680,6 +682,9 @@ impl Executor for ProcessProvider {
                 .wait()
                 .await
                 .map_err(|e| failed("exec", format!("waiting for {program:?}: {e}")))?;
+            if let Some(p) = stdin_pump {
+                p.abort();
+            }
             for p in pumps {
                 let _ = p.await;
             }
