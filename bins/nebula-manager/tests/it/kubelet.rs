@@ -1,0 +1,181 @@
+//! The kubelet API of the virtual nodes with real kubectl: `logs`, `logs -f` and `exec`
+//! go through the API double's kubelet proxy to the manager's listener (the node's
+//! address and daemon endpoint), which runs them against the process provider.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::crash::{running, start_with};
+
+/// The versioned kubectl binaries ship beside gcloud on these machines.
+fn kubectl_bin(version: &str) -> PathBuf {
+    let out = std::process::Command::new("sh")
+        .args(["-c", "dirname \"$(readlink -f \"$(command -v gcloud)\")\""])
+        .output()
+        .expect("running sh to locate gcloud");
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let bin = Path::new(&dir).join(format!("kubectl.{version}"));
+    assert!(
+        !dir.is_empty() && bin.is_file(),
+        "kubectl {version} not found at {} (it ships beside gcloud: `gcloud components install kubectl` brings kubectl.1.27 ... kubectl.1.33)",
+        bin.display()
+    );
+    bin
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn kubectl(bin: &Path, kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(bin);
+    c.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    c
+}
+
+async fn run(bin: &Path, kubeconfig: &Path, args: &[&str], stdin: Option<&[u8]>) -> Out {
+    let mut c = kubectl(bin, kubeconfig, args);
+    if stdin.is_some() {
+        c.stdin(Stdio::piped());
+    }
+    let mut child = c.spawn().expect("spawning kubectl");
+    if let Some(input) = stdin {
+        let mut w = child.stdin.take().unwrap();
+        w.write_all(input).await.unwrap();
+        drop(w);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("kubectl {args:?} did not finish within 60 s"))
+        .unwrap();
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The tick counter of the last `tick N` line in `text`.
+fn last_tick(text: &str) -> Option<u64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("tick ")?.trim().parse().ok())
+        .next_back()
+}
+
+#[tokio::test]
+async fn kubectl_logs_follow_and_exec_reach_the_process_provider() {
+    let k132 = kubectl_bin("1.32");
+    let k127 = kubectl_bin("1.27");
+    let server = testkube::ApiServer::start().await.unwrap();
+    let kc = server.kubeconfig_path().to_path_buf();
+    let state = tempfile::tempdir().unwrap();
+    let _manager = start_with(&kc, state.path(), None, &[]).unwrap();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {
+            "nodeName": "nebula-process",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "main", "image": "none",
+                "command": ["sh", "-c", "echo hello from web; i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done"],
+                "env": [{"name": "GREETING", "value": "hi there"}],
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    running(&pods, "web").await.unwrap();
+
+    // logs: what the process wrote so far.
+    let logs = run(&k132, &kc, &["logs", "web"], None).await;
+    assert_eq!(logs.code, 0, "kubectl logs failed: {}", logs.stderr);
+    assert!(
+        logs.stdout.starts_with("hello from web\n"),
+        "{}",
+        logs.stdout
+    );
+    let tail = run(&k132, &kc, &["logs", "web", "--tail=1"], None).await;
+    assert_eq!(tail.code, 0, "{}", tail.stderr);
+    assert_eq!(tail.stdout.lines().count(), 1, "{}", tail.stdout);
+    assert!(tail.stdout.starts_with("tick "), "{}", tail.stdout);
+
+    // logs -f: lines the process writes after the request arrive on the open stream.
+    let seen = last_tick(&logs.stdout).unwrap_or(0);
+    let mut follow = kubectl(&k132, &kc, &["logs", "-f", "web"]).spawn().unwrap();
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let target = seen + 10;
+    let got = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if last_tick(&line).is_some_and(|n| n >= target) {
+                return line;
+            }
+        }
+        panic!("kubectl logs -f ended before tick {target}");
+    })
+    .await
+    .expect("kubectl logs -f did not follow new output within 30 s");
+    assert!(got.starts_with("tick "), "{got}");
+    follow.kill().await.unwrap();
+
+    // exec over WebSocket (kubectl 1.32) and SPDY (kubectl 1.27): stdout, stderr, the
+    // pod's environment, and the exit code as kubectl's own.
+    for (version, bin) in [("1.32", &k132), ("1.27", &k127)] {
+        let out = run(
+            bin,
+            &kc,
+            &[
+                "exec",
+                "web",
+                "--",
+                "sh",
+                "-c",
+                "echo \"$GREETING from exec\"; echo oops >&2; exit 3",
+            ],
+            None,
+        )
+        .await;
+        assert_eq!(
+            out.code, 3,
+            "kubectl {version} exec: want exit 3, got {}: {}{}",
+            out.code, out.stdout, out.stderr
+        );
+        assert!(
+            out.stdout == "hi there from exec\n",
+            "kubectl {version}: {}",
+            out.stdout
+        );
+        assert!(
+            out.stderr.contains("oops"),
+            "kubectl {version}: {}",
+            out.stderr
+        );
+
+        let ok = run(
+            bin,
+            &kc,
+            &["exec", "-i", "web", "--", "cat"],
+            Some(b"typed in\n"),
+        )
+        .await;
+        assert_eq!(ok.code, 0, "kubectl {version} exec -i: {}", ok.stderr);
+        assert_eq!(ok.stdout, "typed in\n", "kubectl {version}");
+    }
+}
