@@ -481,10 +481,8 @@ where
                     return Ok(());
                 }
                 match ws_decode(base64, &msg) {
-                    Some((CH_CLOSE, data)) if v5 => {
-                        if data.first() == Some(&CH_STDIN) {
-                            stdin_w = None;
-                        }
+                    Some((CH_CLOSE, data)) if v5 && data.first() == Some(&CH_STDIN) => {
+                        stdin_w = None;
                     }
                     Some((CH_STDIN, data)) => {
                         if let Some(w) = stdin_w.as_mut()

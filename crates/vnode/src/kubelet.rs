@@ -313,16 +313,12 @@ impl KubeletServer {
     }
 
     /// The node, provider and instance of pod `ns/name`, or the 404 saying why not.
-    fn resolve(
-        &self,
-        ns: &str,
-        pod: &str,
-    ) -> Result<(String, Arc<dyn Provider>, String), Response<Body>> {
+    fn resolve(&self, ns: &str, pod: &str) -> Result<(String, Arc<dyn Provider>, String), Refusal> {
         for (node, handler) in self.handlers() {
             match handler.pod_instance(ns, pod) {
                 PodInstance::NotTracked => continue,
                 PodInstance::NoInstance => {
-                    return Err(text(
+                    return Err((
                         StatusCode::NOT_FOUND,
                         format!(
                             "pod {ns}/{pod} on node {node} has no instance yet (still being provisioned)\n"
@@ -332,7 +328,7 @@ impl KubeletServer {
                 PodInstance::Instance(id) => return Ok((node, handler.provider().clone(), id)),
             }
         }
-        Err(text(
+        Err((
             StatusCode::NOT_FOUND,
             format!("pod {ns}/{pod} is not tracked by any virtual node of this manager\n"),
         ))
@@ -412,7 +408,7 @@ impl KubeletServer {
     ) -> Response<Body> {
         let (node, provider, id) = match self.resolve(ns, pod) {
             Ok(r) => r,
-            Err(resp) => return resp,
+            Err((code, msg)) => return text(code, msg),
         };
         let Some(streamer) = provider.log_streamer() else {
             return text(
@@ -423,11 +419,11 @@ impl KubeletServer {
                 ),
             );
         };
-        let number = |key: &str| -> Result<Option<u64>, Response<Body>> {
+        let number = |key: &str| -> Result<Option<u64>, Refusal> {
             match value(pairs, key) {
                 None => Ok(None),
                 Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
-                    text(
+                    (
                         StatusCode::BAD_REQUEST,
                         format!("query parameter {key}={v:?} must be a non-negative integer\n"),
                     )
@@ -440,7 +436,9 @@ impl KubeletServer {
             number("sinceSeconds"),
         ) {
             (Ok(t), Ok(l), Ok(s)) => (t, l, s),
-            (Err(r), _, _) | (_, Err(r), _) | (_, _, Err(r)) => return r,
+            (Err((code, msg)), _, _) | (_, Err((code, msg)), _) | (_, _, Err((code, msg))) => {
+                return text(code, msg);
+            }
         };
         if flag(pairs, "previous") {
             return text(
@@ -519,7 +517,7 @@ impl KubeletServer {
         }
         let (node, provider, id) = match self.resolve(ns, pod) {
             Ok(r) => r,
-            Err(resp) => return resp,
+            Err((code, msg)) => return text(code, msg),
         };
         if provider.executor().is_none() {
             return text(
@@ -635,6 +633,9 @@ fn rfc3339_nanos(since_epoch: Duration) -> String {
         since_epoch.subsec_nanos()
     )
 }
+
+/// A refusal: the status and the text to answer with.
+type Refusal = (StatusCode, String);
 
 fn full(body: impl Into<Bytes>) -> Body {
     Full::new(body.into())
