@@ -406,19 +406,6 @@ impl KubeletServer {
         _container: &str,
         pairs: &[(String, String)],
     ) -> Response<Body> {
-        let (node, provider, id) = match self.resolve(ns, pod) {
-            Ok(r) => r,
-            Err((code, msg)) => return text(code, msg),
-        };
-        let Some(streamer) = provider.log_streamer() else {
-            return text(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "provider {} of node {node} does not support logs\n",
-                    provider.name()
-                ),
-            );
-        };
         let number = |key: &str| -> Result<Option<u64>, Refusal> {
             match value(pairs, key) {
                 None => Ok(None),
@@ -439,6 +426,19 @@ impl KubeletServer {
             (Err((code, msg)), _, _) | (_, Err((code, msg)), _) | (_, _, Err((code, msg))) => {
                 return text(code, msg);
             }
+        };
+        let (node, provider, id) = match self.resolve(ns, pod) {
+            Ok(r) => r,
+            Err((code, msg)) => return text(code, msg),
+        };
+        let Some(streamer) = provider.log_streamer() else {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "provider {} of node {node} does not support logs\n",
+                    provider.name()
+                ),
+            );
         };
         if flag(pairs, "previous") {
             return text(
