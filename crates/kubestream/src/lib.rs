@@ -13,6 +13,8 @@
 //!   status payload that carries the exit code (v4+);
 //! - [`exec`]: exec and attach sessions with a real process behind them: pipes for the
 //!   standard streams, resize events, the exit code reported back;
+//! - [`portforward`]: port-forward sessions dialing real ports (SPDY, and SPDY tunnelled
+//!   in WebSocket);
 //! - [`echo`]: sessions whose "process" is an echo, which the API double's stub kubelet
 //!   serves and the fuzz targets drive.
 //!
@@ -22,5 +24,6 @@
 pub mod channel;
 pub mod echo;
 pub mod exec;
+pub mod portforward;
 pub mod spdy;
 pub mod upgrade;

@@ -366,6 +366,9 @@ impl KubeletServer {
             {
                 self.exec(req, ns, pod, &pairs, cancel)
             }
+            (["portForward", ns, pod], &Method::GET | &Method::POST) => {
+                self.port_forward(req, ns, pod, &pairs, cancel)
+            }
             ([what @ ("attach" | "portForward" | "stats" | "metrics"), ..], _) => text(
                 StatusCode::NOT_FOUND,
                 format!(
@@ -632,6 +635,92 @@ fn rfc3339_nanos(since_epoch: Duration) -> String {
         rem % 60,
         since_epoch.subsec_nanos()
     )
+}
+
+impl KubeletServer {
+    fn port_forward(
+        &self,
+        mut req: Request<Incoming>,
+        ns: &str,
+        pod: &str,
+        pairs: &[(String, String)],
+        cancel: CancellationToken,
+    ) -> Response<Body> {
+        let has_ports = pairs.iter().any(|(k, _)| k == "port" || k == "ports");
+        let (node, provider, id) = match self.resolve(ns, pod) {
+            Ok(r) => r,
+            Err((code, msg)) => return text(code, msg),
+        };
+        if provider.port_forwarder().is_none() {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "provider {} of node {node} does not support port-forward\n",
+                    provider.name()
+                ),
+            );
+        }
+        let accepted = match upgrade::port_forward(req.headers(), has_ports) {
+            Ok(a) => a,
+            Err(r) => return text(r.status, r.message),
+        };
+        let tunnelled = accepted.protocol == kubestream::channel::TUNNELED_PORT_FORWARD_PROTOCOL;
+        if accepted.transport == upgrade::Transport::WebSocket && !tunnelled {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "WebSocket port-forward with {:?} is not built here; use SPDY or {:?}\n",
+                    accepted.protocol,
+                    kubestream::channel::TUNNELED_PORT_FORWARD_PROTOCOL
+                ),
+            );
+        }
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        let transport = accepted.transport;
+        let pod_key = format!("{ns}/{pod}");
+        let connect = move |port: u16| {
+            let provider = provider.clone();
+            let id = id.clone();
+            async move {
+                let Some(pf) = provider.port_forwarder() else {
+                    return Err(format!(
+                        "provider {} does not support port-forward",
+                        provider.name()
+                    ));
+                };
+                pf.connect(&id, port).await.map_err(|e| crate::chain(&e))
+            }
+        };
+        tokio::spawn(async move {
+            let session = async {
+                let io = TokioIo::new(on_upgrade.await.map_err(|e| e.to_string())?);
+                let res = match transport {
+                    upgrade::Transport::Spdy => {
+                        kubestream::portforward::serve_spdy(io, connect).await
+                    }
+                    upgrade::Transport::WebSocket => {
+                        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                            io,
+                            tokio_tungstenite::tungstenite::protocol::Role::Server,
+                            None,
+                        )
+                        .await;
+                        kubestream::portforward::serve_tunnelled(ws, connect).await
+                    }
+                };
+                res.map_err(|e| crate::chain(&e))
+            };
+            tokio::select! {
+                res = session => {
+                    if let Err(e) = res {
+                        debug!(pod = %pod_key, error = %e, "port-forward session ended with an error");
+                    }
+                }
+                _ = cancel.cancelled() => {}
+            }
+        });
+        accepted.response().map(|()| empty())
+    }
 }
 
 /// A refusal: the status and the text to answer with.

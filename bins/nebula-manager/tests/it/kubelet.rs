@@ -179,3 +179,108 @@ async fn kubectl_logs_follow_and_exec_reach_the_process_provider() {
         assert_eq!(ok.stdout, "typed in\n", "kubectl {version}");
     }
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn kubectl_port_forward_reaches_a_port_the_pods_process_listens_on() {
+    let server = testkube::ApiServer::start().await.unwrap();
+    let kc = server.kubeconfig_path().to_path_buf();
+    let state = tempfile::tempdir().unwrap();
+    let _manager = start_with(&kc, state.path(), None, &[]).unwrap();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let pod_port = free_port();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "srv", "namespace": "default"},
+        "spec": {
+            "nodeName": "nebula-process",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "main", "image": "none",
+                "command": ["sh", "-c", format!("echo served by the pod > index.html; exec python3 -m http.server {pod_port} --bind 127.0.0.1")],
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    running(&pods, "srv").await.unwrap();
+    // kubectl port-forward gives up on a refused dial: wait until the pod's server listens.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", pod_port))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pod's python3 http.server never listened on {pod_port} (is python3 installed?)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    for version in ["1.32", "1.27"] {
+        let bin = kubectl_bin(version);
+        let local = free_port();
+        let mut pf = kubectl(
+            &bin,
+            &kc,
+            &["port-forward", "pod/srv", &format!("{local}:{pod_port}")],
+        )
+        .spawn()
+        .unwrap();
+        let mut lines = BufReader::new(pf.stdout.take().unwrap()).lines();
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.contains("Forwarding from") {
+                    return;
+                }
+            }
+            panic!("kubectl {version} port-forward ended before forwarding");
+        })
+        .await
+        .unwrap_or_else(|_| panic!("kubectl {version} port-forward did not start within 20 s"));
+        // The pod's server may still be starting: retry the request for a while.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let body = loop {
+            let attempt = async {
+                let mut s = tokio::net::TcpStream::connect(("127.0.0.1", local)).await?;
+                s.write_all(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")
+                    .await?;
+                let mut out = String::new();
+                tokio::io::AsyncReadExt::read_to_string(&mut s, &mut out).await?;
+                Ok::<_, std::io::Error>(out)
+            };
+            match tokio::time::timeout(Duration::from_secs(10), attempt).await {
+                Ok(Ok(out)) if out.contains("200") => break out,
+                other => {
+                    if tokio::time::Instant::now() >= deadline {
+                        let _ = pf.start_kill();
+                        let mut stderr = String::new();
+                        if let Some(mut e) = pf.stderr.take() {
+                            let _ = tokio::time::timeout(
+                                Duration::from_secs(5),
+                                tokio::io::AsyncReadExt::read_to_string(&mut e, &mut stderr),
+                            )
+                            .await;
+                        }
+                        panic!(
+                            "kubectl {version} port-forward: no answer from the pod: {other:?}; kubectl said: {stderr}"
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
+        };
+        assert!(
+            body.ends_with("served by the pod\n"),
+            "kubectl {version}: {body}"
+        );
+        pf.kill().await.unwrap();
+    }
+}
