@@ -579,10 +579,23 @@ async fn run_exec(
             provider.name()
         ));
     };
+    let (resize_tx, resize_rx) = tokio::sync::mpsc::channel(8);
+    let mut sizes = pio.resize;
+    if pio.tty {
+        tokio::spawn(async move {
+            while let Some(size) = sizes.recv().await {
+                if resize_tx.send((size.width, size.height)).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
     let io = ExecIo {
         stdin: pio.stdin.map(|s| Box::pin(s) as ByteStream),
         stdout: pio.stdout.map(|s| Box::pin(s) as ByteSink),
         stderr: pio.stderr.map(|s| Box::pin(s) as ByteSink),
+        tty: pio.tty,
+        resize: pio.tty.then_some(resize_rx),
     };
     match executor.exec(&id, command, io).await {
         Ok(code) => Outcome::Exited(code),

@@ -168,6 +168,38 @@ async fn kubectl_logs_follow_and_exec_reach_the_process_provider() {
             out.stderr
         );
 
+        // -t: the command runs on a terminal whose size is the client's. `script` gives
+        // kubectl a terminal of 33 rows and 111 columns.
+        let line = format!(
+            "stty rows 33 cols 111; {} --kubeconfig {} exec -it web -- sh -c 'tty; stty size; exit 4'",
+            bin.display(),
+            kc.display()
+        );
+        let tty = tokio::process::Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("running script (util-linux) to give kubectl a terminal");
+        let tty = tokio::time::timeout(Duration::from_secs(60), tty.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("kubectl {version} exec -it did not finish within 60 s"))
+            .unwrap();
+        let text = String::from_utf8_lossy(&tty.stdout);
+        assert!(
+            text.contains("/dev/pts/") && text.contains("33 111"),
+            "kubectl {version} exec -it: want a terminal of 33x111, got {text:?} {}",
+            String::from_utf8_lossy(&tty.stderr)
+        );
+        assert_eq!(
+            tty.status.code(),
+            Some(4),
+            "kubectl {version} exec -it: {text:?}"
+        );
+
         let ok = run(
             bin,
             &kc,
