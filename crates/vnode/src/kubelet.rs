@@ -11,7 +11,10 @@
 //! - `GET /containerLogs/{ns}/{pod}/{container}`: the provider's [`LogStreamer`](crate::LogStreamer)
 //!   with `follow`, `tailLines`, `limitBytes`, `timestamps`, `sinceSeconds`, `previous`;
 //! - `GET|POST /exec/{ns}/{pod}[/{uid}]/{container}?command=..`: the provider's
-//!   [`Executor`](crate::Executor), over SPDY/3.1 or WebSocket (the `kubestream` crate);
+//!   [`Executor`](crate::Executor), over SPDY/3.1 or WebSocket (the `kubestream` crate),
+//!   with a terminal and its resize events for `tty=1`;
+//! - `GET|POST /portForward/{ns}/{pod}`: the provider's
+//!   [`PortForwarder`](crate::PortForwarder), over SPDY/3.1 or SPDY tunnelled in WebSocket;
 //! - `GET /pods`: the pods the handlers know, as a `PodList` of names;
 //! - `GET /healthz`: `ok`.
 //!
@@ -27,11 +30,11 @@
 //! certificate, or close the port to everything but the API server (NetworkPolicy,
 //! firewall).
 //!
-//! Not built: `/attach`, `/portForward`, `/stats/summary`, `/metrics/resource`
-//! (answered 404 naming what is missing), webhook authorization (SubjectAccessReview),
-//! a pty for `tty=1` (the command runs with pipes), honouring `sinceSeconds` (validated,
-//! then ignored: the process provider's log has no per-line times), and `timestamps`
-//! stamps a line with the time it is served, not the time it was written.
+//! Not built: `/attach`, `/stats/summary`, `/metrics/resource` (answered 404 naming what
+//! is missing), WebSocket port-forward with the channel protocol (only the tunnelled SPDY
+//! form), webhook authorization (SubjectAccessReview), honouring `sinceSeconds`
+//! (validated, then ignored: the process provider's log has no per-line times); and
+//! `timestamps` stamps a line with the time it is served, not the time it was written.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
