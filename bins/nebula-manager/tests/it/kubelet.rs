@@ -316,3 +316,57 @@ async fn kubectl_port_forward_reaches_a_port_the_pods_process_listens_on() {
         pf.kill().await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_hundred_concurrent_exec_sessions_complete() {
+    use kube::api::AttachParams;
+    let server = testkube::ApiServer::start().await.unwrap();
+    let kc = server.kubeconfig_path().to_path_buf();
+    let state = tempfile::tempdir().unwrap();
+    let _manager = start_with(&kc, state.path(), None, &[]).unwrap();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "busy", "namespace": "default"},
+        "spec": {
+            "nodeName": "nebula-process",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{"name": "main", "image": "none", "command": ["sleep", "1000"]}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    running(&pods, "busy").await.unwrap();
+
+    let mut sessions = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let pods = pods.clone();
+        sessions.spawn(async move {
+            let command = vec!["sh".to_string(), "-c".into(), format!("echo session-{i}")];
+            let params = AttachParams::default().stdout(true).stderr(false);
+            let mut attached = pods.exec("busy", command, &params).await.unwrap();
+            let mut out = String::new();
+            let mut stdout = attached.stdout().unwrap();
+            tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out)
+                .await
+                .unwrap();
+            let status = attached.take_status().unwrap().await;
+            attached.join().await.unwrap();
+            (i, out, status.and_then(|s| s.status))
+        });
+    }
+    let all = tokio::time::timeout(Duration::from_secs(120), async {
+        let mut done = Vec::new();
+        while let Some(r) = sessions.join_next().await {
+            done.push(r.unwrap());
+        }
+        done
+    })
+    .await
+    .expect("100 concurrent exec sessions did not complete within 120 s");
+    assert_eq!(all.len(), 100);
+    for (i, out, status) in all {
+        assert_eq!(out, format!("session-{i}\n"));
+        assert_eq!(status.as_deref(), Some("Success"), "session {i}");
+    }
+}
