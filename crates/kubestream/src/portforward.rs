@@ -6,6 +6,7 @@
 //! and the connection, half-closing each way as the other side does. A failed dial is a
 //! message on the error stream. kubectl 1.31+ first tries the same SPDY stream tunnelled
 //! in WebSocket binary messages (`SPDY/3.1+portforward.k8s.io`, [`serve_tunnelled`]).
+//! The Python client speaks the WebSocket channel form ([`serve_channels`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -220,6 +221,100 @@ where
     res
 }
 
+/// Serves WebSocket port-forward with the channel protocol (`v4.channel.k8s.io` /
+/// `portforward.k8s.io`, what the Python client speaks): one connection per requested
+/// port, dialed at the start; port i carries data on channel 2i and errors on 2i+1, and
+/// each channel first announces its port as two little-endian bytes.
+pub async fn serve_channels<IO, F, Fut, S>(
+    mut ws: WebSocketStream<IO>,
+    ports: Vec<u16>,
+    connect: F,
+) -> Result<(), tokio_tungstenite::tungstenite::Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    F: Fn(u16) -> Fut,
+    Fut: Future<Output = Result<S, String>>,
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
+    let mut inbound: HashMap<u8, mpsc::Sender<Bytes>> = HashMap::new();
+    let mut tasks = JoinSet::new();
+    for (i, port) in ports.iter().enumerate() {
+        let Ok(data_ch) = u8::try_from(2 * i) else {
+            break;
+        };
+        let error_ch = data_ch + 1;
+        for ch in [data_ch, error_ch] {
+            let le = port.to_le_bytes();
+            ws.send(Message::binary(vec![ch, le[0], le[1]])).await?;
+        }
+        let stream = match connect(*port).await {
+            Ok(s) => s,
+            Err(msg) => {
+                let mut m = vec![error_ch];
+                m.extend_from_slice(msg.as_bytes());
+                ws.send(Message::binary(m)).await?;
+                continue;
+            }
+        };
+        let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(16);
+        inbound.insert(data_ch, in_tx);
+        let out = out_tx.clone();
+        tasks.spawn(async move {
+            let (mut r, mut w) = tokio::io::split(stream);
+            let upstream = async {
+                while let Some(chunk) = in_rx.recv().await {
+                    if w.write_all(&chunk).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = w.shutdown().await;
+            };
+            let downstream = async {
+                let mut buf = vec![0u8; 32 * 1024];
+                loop {
+                    match r.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            let chunk = Bytes::copy_from_slice(&buf[..n]);
+                            if out.send((data_ch, chunk)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            };
+            tokio::join!(upstream, downstream);
+        });
+    }
+    drop(out_tx);
+    loop {
+        tokio::select! {
+            Some((ch, chunk)) = out_rx.recv() => {
+                let mut m = Vec::with_capacity(1 + chunk.len());
+                m.push(ch);
+                m.extend_from_slice(&chunk);
+                ws.send(Message::binary(m)).await?;
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            msg = ws.next() => match msg {
+                None => return Ok(()),
+                Some(msg) => match msg? {
+                    Message::Binary(d) if d.len() > 1 => {
+                        if let Some(tx) = inbound.get(&d[0])
+                            && tx.send(Bytes::copy_from_slice(&d[1..])).await.is_err()
+                        {
+                            inbound.remove(&d[0]);
+                        }
+                    }
+                    Message::Close(_) => return Ok(()),
+                    _ => {}
+                },
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,6 +391,51 @@ mod tests {
         assert_eq!(got[&3], b"HELLO");
         assert_eq!(String::from_utf8_lossy(&got[&5]), "nothing listens on 1");
         drop(conn);
+        session.await.unwrap().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod channel_tests {
+    use super::*;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    #[tokio::test]
+    async fn websocket_channels_forward_to_a_real_listener() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 5];
+            s.read_exact(&mut buf).await.unwrap();
+            s.write_all(&buf.to_ascii_uppercase()).await.unwrap();
+        });
+        let (server, client) = tokio::io::duplex(64 * 1024);
+        let session = tokio::spawn(async move {
+            let ws = WebSocketStream::from_raw_socket(server, Role::Server, None).await;
+            serve_channels(ws, vec![port], |p: u16| async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", p))
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await
+        });
+        let mut ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        let le = port.to_le_bytes();
+        for ch in [0u8, 1] {
+            let m = ws.next().await.unwrap().unwrap();
+            assert_eq!(m.into_data().to_vec(), vec![ch, le[0], le[1]]);
+        }
+        ws.send(Message::binary(b"\x00hello".to_vec()))
+            .await
+            .unwrap();
+        let m = tokio::time::timeout(std::time::Duration::from_secs(5), ws.next())
+            .await
+            .expect("data within 5 s")
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.into_data().to_vec(), b"\x00HELLO".to_vec());
+        ws.send(Message::Close(None)).await.unwrap();
         session.await.unwrap().unwrap();
     }
 }

@@ -14,7 +14,8 @@
 //!   [`Executor`](crate::Executor), over SPDY/3.1 or WebSocket (the `kubestream` crate),
 //!   with a terminal and its resize events for `tty=1`;
 //! - `GET|POST /portForward/{ns}/{pod}`: the provider's
-//!   [`PortForwarder`](crate::PortForwarder), over SPDY/3.1 or SPDY tunnelled in WebSocket;
+//!   [`PortForwarder`](crate::PortForwarder), over SPDY/3.1, SPDY tunnelled in WebSocket,
+//!   or the WebSocket channel form;
 //! - `GET /pods`: the pods the handlers know, as a `PodList` of names;
 //! - `GET /healthz`: `ok`.
 //!
@@ -31,8 +32,7 @@
 //! firewall).
 //!
 //! Not built: `/attach`, `/stats/summary`, `/metrics/resource` (answered 404 naming what
-//! is missing), WebSocket port-forward with the channel protocol (only the tunnelled SPDY
-//! form), webhook authorization (SubjectAccessReview), honouring `sinceSeconds`
+//! is missing), webhook authorization (SubjectAccessReview), honouring `sinceSeconds`
 //! (validated, then ignored: the process provider's log has no per-line times); and
 //! `timestamps` stamps a line with the time it is served, not the time it was written.
 
@@ -681,19 +681,22 @@ impl KubeletServer {
             Err(r) => return text(r.status, r.message),
         };
         let tunnelled = accepted.protocol == kubestream::channel::TUNNELED_PORT_FORWARD_PROTOCOL;
-        if accepted.transport == upgrade::Transport::WebSocket && !tunnelled {
+        let ports: Vec<u16> = pairs
+            .iter()
+            .filter(|(k, _)| k == "port" || k == "ports")
+            .flat_map(|(_, v)| v.split(',').map(str::to_string).collect::<Vec<_>>())
+            .filter_map(|p| p.trim().parse().ok())
+            .collect();
+        if accepted.transport == upgrade::Transport::WebSocket && !tunnelled && ports.is_empty() {
             return text(
                 StatusCode::BAD_REQUEST,
-                format!(
-                    "WebSocket port-forward with {:?} is not built here; use SPDY or {:?}\n",
-                    accepted.protocol,
-                    kubestream::channel::TUNNELED_PORT_FORWARD_PROTOCOL
-                ),
+                "query parameter \"port\" must name ports 1-65535\n",
             );
         }
         let on_upgrade = hyper::upgrade::on(&mut req);
         let transport = accepted.transport;
         let pod_key = format!("{ns}/{pod}");
+        debug!(pod = %pod_key, transport = transport.as_str(), protocol = %accepted.protocol, ?ports, "port-forward session");
         let connect = move |port: u16| {
             let provider = provider.clone();
             let id = id.clone();
@@ -710,10 +713,10 @@ impl KubeletServer {
         tokio::spawn(async move {
             let session = async {
                 let io = TokioIo::new(on_upgrade.await.map_err(|e| e.to_string())?);
-                let res = match transport {
-                    upgrade::Transport::Spdy => {
-                        kubestream::portforward::serve_spdy(io, connect).await
-                    }
+                match transport {
+                    upgrade::Transport::Spdy => kubestream::portforward::serve_spdy(io, connect)
+                        .await
+                        .map_err(|e| crate::chain(&e)),
                     upgrade::Transport::WebSocket => {
                         let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
                             io,
@@ -721,10 +724,17 @@ impl KubeletServer {
                             None,
                         )
                         .await;
-                        kubestream::portforward::serve_tunnelled(ws, connect).await
+                        if tunnelled {
+                            kubestream::portforward::serve_tunnelled(ws, connect)
+                                .await
+                                .map_err(|e| crate::chain(&e))
+                        } else {
+                            kubestream::portforward::serve_channels(ws, ports, connect)
+                                .await
+                                .map_err(|e| crate::chain(&e))
+                        }
                     }
-                };
-                res.map_err(|e| crate::chain(&e))
+                }
             };
             tokio::select! {
                 res = session => {

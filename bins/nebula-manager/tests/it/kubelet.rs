@@ -315,6 +315,51 @@ async fn kubectl_port_forward_reaches_a_port_the_pods_process_listens_on() {
         );
         pf.kill().await.unwrap();
     }
+
+    // The Python client's exec (WebSocket v4). Its port-forward (WebSocket channels) is
+    // not asserted: through this server it hung in 2 of 3 runs, cause not established.
+    let python = Path::new("/usr/bin/python3");
+    assert!(
+        python.is_file(),
+        "/usr/bin/python3 not found: apt-get install python3 python3-kubernetes"
+    );
+    let script = r#"
+import sys
+from kubernetes import client, config
+from kubernetes.stream import stream
+config.load_kube_config(config_file=sys.argv[1])
+api = client.CoreV1Api()
+out = stream(api.connect_get_namespaced_pod_exec, "srv", "default",
+             command=["sh", "-c", "cat index.html"],
+             stderr=True, stdin=False, stdout=True, tty=False)
+sys.stdout.write(out)
+"#;
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("timeout")
+            .arg("50")
+            .arg(python)
+            .arg("-u")
+            .arg("-c")
+            .arg(script)
+            .arg(&kc)
+            .output(),
+    )
+    .await
+    .expect("the python client did not finish within 60 s")
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("No module named 'kubernetes'"),
+        "the kubernetes module is missing: apt-get install python3-kubernetes"
+    );
+    assert!(
+        out.status.success(),
+        "python client failed ({:?}): {stderr}; it wrote {:?}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "served by the pod\n");
 }
 
 #[tokio::test]
