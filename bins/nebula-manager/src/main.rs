@@ -51,6 +51,10 @@ struct RunArgs {
     /// the kubelet port can read logs and run commands in the pods.
     #[arg(long)]
     kubelet_client_ca: Option<PathBuf>,
+    /// Ask the API server (SubjectAccessReview on nodes/proxy) before serving each
+    /// kubelet API request, so exec cannot bypass RBAC. Needs --kubelet-client-ca.
+    #[arg(long)]
+    kubelet_authorization_webhook: bool,
     /// Admin listener: /metrics.
     #[arg(long, default_value = DEFAULT_ADMIN_LISTEN)]
     admin_listen: SocketAddr,
@@ -96,6 +100,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         state_dir: args.state_dir,
         kubelet_listen: args.kubelet_listen,
         kubelet_client_ca: args.kubelet_client_ca,
+        kubelet_webhook_authorization: args.kubelet_authorization_webhook,
         health_listen: args.health_listen,
         admin_listen: args.admin_listen,
         pod_ip: std::env::var("POD_IP").ok().filter(|s| !s.is_empty()),

@@ -19,8 +19,9 @@
 //! - [`echo`]: sessions whose "process" is an echo, which the API double's stub kubelet
 //!   serves and the fuzz targets drive.
 //!
-//! Not built: the stub kubelet of the API double still serves its own echo sessions rather than [`exec`] with an echo
-//! process; flow control windows are not enforced (nor are they by the Go client).
+//! Not built: the stub kubelet of the API double still serves its own echo sessions
+//! rather than [`exec`] with an echo process; flow control windows are not enforced (nor
+//! are they by the Go client).
 //!
 //! WebSocket framing is `tokio-tungstenite`'s and zlib is `flate2`'s; everything that
 //! reads client bytes returns errors instead of panicking (fuzzed: `fuzz/`).

@@ -31,8 +31,12 @@
 //! certificate, or close the port to everything but the API server (NetworkPolicy,
 //! firewall).
 //!
+//! Optional webhook authorization ([`KubeletServer::with_webhook_authorization`]) asks the
+//! API server with a SubjectAccessReview for `nodes/proxy` on the pod's node whether the
+//! caller (the subject of its client certificate) may do the request.
+//!
 //! Not built: `/attach`, `/stats/summary`, `/metrics/resource` (answered 404 naming what
-//! is missing), webhook authorization (SubjectAccessReview), honouring `sinceSeconds`
+//! is missing), bearer-token callers (no TokenReview), honouring `sinceSeconds`
 //! (validated, then ignored: the process provider's log has no per-line times); and
 //! `timestamps` stamps a line with the time it is served, not the time it was written.
 
@@ -134,6 +138,33 @@ pub struct KubeletServer {
     tls: Arc<rustls::ServerConfig>,
     client_ca: bool,
     handlers: RwLock<Vec<(String, HandlerSource)>>,
+    authorizer: Option<kube::Client>,
+}
+
+/// Who is calling: the subject of the verified client certificate (common name is the
+/// user, organizations are the groups, as the API server reads them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The user name.
+    pub user: String,
+    /// The groups.
+    pub groups: Vec<String>,
+}
+
+/// The caller named by a client certificate (DER).
+pub fn caller_of(cert_der: &[u8]) -> Option<Caller> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
+    let subject = cert.subject();
+    let user = subject
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())?
+        .to_string();
+    let groups = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_string))
+        .collect();
+    Some(Caller { user, groups })
 }
 
 impl std::fmt::Debug for KubeletServer {
@@ -227,7 +258,17 @@ impl KubeletServer {
             tls: Arc::new(tls),
             client_ca: client_ca.is_some(),
             handlers: RwLock::default(),
+            authorizer: None,
         })
+    }
+
+    /// Asks the API server (SubjectAccessReview) whether the caller may do what it asks,
+    /// as a kubelet with `--authorization-mode=Webhook` does: `nodes/proxy` for logs,
+    /// exec, port-forward and `/pods`, on the pod's node, with the verb of the HTTP
+    /// method. Needs a client CA: the caller is the subject of its certificate.
+    pub fn with_webhook_authorization(mut self, client: kube::Client) -> KubeletServer {
+        self.authorizer = Some(client);
+        self
     }
 
     /// Wires one node's handler in. The node name is only a label (lookup is by pod).
@@ -286,11 +327,19 @@ impl KubeletServer {
                             }
                             Err(_) => return,
                         };
+                        let caller = tls
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|c| c.first())
+                            .and_then(|c| caller_of(c.as_ref()))
+                            .map(Arc::new);
                         let svc_cancel = cancel.clone();
                         let svc = hyper::service::service_fn(move |req| {
                             let server = server.clone();
                             let cancel = svc_cancel.clone();
-                            async move { Ok::<_, Infallible>(server.handle(req, cancel).await) }
+                            let caller = caller.clone();
+                            async move { Ok::<_, Infallible>(server.handle(req, caller, cancel).await) }
                         });
                         let conn = hyper::server::conn::http1::Builder::new()
                             .serve_connection(TokioIo::new(tls), svc)
@@ -340,6 +389,7 @@ impl KubeletServer {
     async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        caller: Option<Arc<Caller>>,
         cancel: CancellationToken,
     ) -> Response<Body> {
         let path = req.uri().path().to_string();
@@ -358,6 +408,14 @@ impl KubeletServer {
             .collect();
         let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
         let method = req.method().clone();
+        if let Some(client) = &self.authorizer
+            && segs.as_slice() != ["healthz"]
+            && let Err((code, msg)) = self
+                .authorize(client, caller.as_deref(), &method, &segs)
+                .await
+        {
+            return text(code, msg);
+        }
         match (segs.as_slice(), &method) {
             (["healthz"], &Method::GET) => text(StatusCode::OK, "ok"),
             (["pods"], &Method::GET) => self.pods(),
@@ -380,6 +438,85 @@ impl KubeletServer {
             ),
             _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
         }
+    }
+
+    /// The webhook decision for one request: the nodes it touches, each asked about.
+    async fn authorize(
+        &self,
+        client: &kube::Client,
+        caller: Option<&Caller>,
+        method: &Method,
+        segs: &[&str],
+    ) -> Result<(), Refusal> {
+        let Some(caller) = caller else {
+            return Err((
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized: webhook authorization needs a client certificate\n".into(),
+            ));
+        };
+        let nodes: Vec<String> = match segs {
+            [_, ns, pod, ..] if !ns.is_empty() && segs[0] != "stats" && segs[0] != "metrics" => {
+                match self.resolve(ns, pod) {
+                    Ok((node, _, _)) => vec![node],
+                    Err(refusal) => return Err(refusal),
+                }
+            }
+            _ => self.handlers().into_iter().map(|(n, _)| n).collect(),
+        };
+        let subresource = match segs.first() {
+            Some(&"stats") => "stats",
+            Some(&"metrics") => "metrics",
+            Some(&"logs") => "log",
+            _ => "proxy",
+        };
+        let verb = match *method {
+            Method::POST => "create",
+            Method::PUT => "update",
+            Method::PATCH => "patch",
+            Method::DELETE => "delete",
+            _ => "get",
+        };
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
+        let api: kube::Api<SubjectAccessReview> = kube::Api::all(client.clone());
+        for node in nodes {
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(caller.user.clone()),
+                    groups: Some(caller.groups.clone()),
+                    resource_attributes: Some(ResourceAttributes {
+                        verb: Some(verb.into()),
+                        resource: Some("nodes".into()),
+                        subresource: Some(subresource.into()),
+                        name: Some(node.clone()),
+                        ..ResourceAttributes::default()
+                    }),
+                    ..SubjectAccessReviewSpec::default()
+                },
+                ..SubjectAccessReview::default()
+            };
+            let answer = api
+                .create(&kube::api::PostParams::default(), &review)
+                .await
+                .map_err(|e| {
+                    warn!(error = %crate::chain(&e), "kubelet API: SubjectAccessReview failed");
+                    (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "Authorization error: the API server could not be asked\n".to_string(),
+                    )
+                })?;
+            if !answer.status.is_some_and(|s| s.allowed) {
+                return Err((
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "Forbidden (user={}, verb={verb}, resource=nodes, subresource={subresource}, name={node})\n",
+                        caller.user
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn pods(&self) -> Response<Body> {

@@ -93,6 +93,9 @@ pub struct ManagerConfig {
     /// A PEM bundle the kubelet API's clients must present a certificate from (the CA
     /// of the API server's kubelet client certificate); `None` serves any client.
     pub kubelet_client_ca: Option<PathBuf>,
+    /// Ask the API server (SubjectAccessReview) before serving a kubelet API request.
+    /// Needs `kubelet_client_ca`.
+    pub kubelet_webhook_authorization: bool,
     /// The probe listener.
     pub health_listen: SocketAddr,
     /// The admin listener.
@@ -145,6 +148,11 @@ pub enum ManagerError {
     /// The kubelet API could not start.
     #[error("starting the kubelet API")]
     Kubelet(#[source] crate::kubelet::KubeletError),
+    /// Webhook authorization without a client CA: there is no caller to ask about.
+    #[error(
+        "--kubelet-authorization-webhook needs --kubelet-client-ca: the caller asked about is the subject of its client certificate"
+    )]
+    WebhookWithoutClientCa,
     /// Two `--provider` flags name the same provider.
     #[error("provider {0} is given twice; give each a distinct name with process:NAME")]
     Duplicate(String),
@@ -213,14 +221,19 @@ pub async fn run(
         (None, ip) if !ip.is_unspecified() => ip.to_string(),
         (None, _) => "127.0.0.1".to_string(),
     };
-    let kubelet = Arc::new(
-        KubeletServer::new(
-            &node_ip,
-            &cfg.kubelet_listen.to_string(),
-            cfg.kubelet_client_ca.as_deref(),
-        )
-        .map_err(ManagerError::Kubelet)?,
-    );
+    if cfg.kubelet_webhook_authorization && cfg.kubelet_client_ca.is_none() {
+        return Err(ManagerError::WebhookWithoutClientCa);
+    }
+    let mut kubelet = KubeletServer::new(
+        &node_ip,
+        &cfg.kubelet_listen.to_string(),
+        cfg.kubelet_client_ca.as_deref(),
+    )
+    .map_err(ManagerError::Kubelet)?;
+    if cfg.kubelet_webhook_authorization {
+        kubelet = kubelet.with_webhook_authorization(client.clone());
+    }
+    let kubelet = Arc::new(kubelet);
     let kubelet_listener = kubelet.bind().await.map_err(ManagerError::Kubelet)?;
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);

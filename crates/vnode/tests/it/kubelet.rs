@@ -177,3 +177,104 @@ async fn missing_pods_instances_and_capabilities_are_not_found_saying_which() {
     assert!(bad.contains("tailLines"), "{bad}");
     cancel.cancel();
 }
+
+/// A client certificate for `user` from the CA of `ca_and_client` style parameters.
+fn client_cert(ca_cert_pem: &str, ca_key_pem: &str, user: &str) -> (String, String) {
+    let ca_key = rcgen::KeyPair::from_pem(ca_key_pem).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(ca_cert_pem, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, user);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "ops");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test]
+async fn webhook_authorization_asks_the_api_server_and_refuses_with_403() {
+    // The API double allows alice nodes/proxy on nebula-mem, and nobody else anything.
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = asked.clone();
+    let api = testkube::ApiServer::builder()
+        .authorizer(move |user, attrs| {
+            log.lock().unwrap().push(format!(
+                "{} {:?} {} {}/{} {}",
+                user.username,
+                user.groups,
+                attrs.verb,
+                attrs.resource,
+                attrs.subresource,
+                attrs.name
+            ));
+            user.username == "alice"
+                && attrs.resource == "nodes"
+                && attrs.subresource == "proxy"
+                && attrs.name == "nebula-mem"
+        })
+        .start()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "kubelet-client-ca");
+    ca.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let (ca_pem, ca_key_pem) = (ca_cert.pem(), ca_key.serialize_pem());
+    let ca_path = dir.path().join("ca.pem");
+    std::fs::write(&ca_path, &ca_pem).unwrap();
+    let kubelet = KubeletServer::new("127.0.0.1", "127.0.0.1:0", Some(&ca_path))
+        .unwrap()
+        .with_webhook_authorization(api.client());
+    let (server, port, cancel) = start(kubelet).await;
+    let mem = Arc::new(MemoryProvider::new("mem", Duration::from_millis(50)));
+    let handler = Arc::new(Handler::new(mem, Arc::new(Metrics::default()), None));
+    {
+        let h = handler.clone();
+        server.register("nebula-mem", Arc::new(move || h.clone()));
+    }
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "default", "uid": "u-1"},
+        "spec": {"containers": [{"name": "main", "image": "x", "command": ["run"]}]},
+    }))
+    .unwrap();
+    handler.create(&pod).await.unwrap();
+
+    let (alice, alice_key) = client_cert(&ca_pem, &ca_key_pem, "alice");
+    let (mallory, mallory_key) = client_cert(&ca_pem, &ca_key_pem, "mallory");
+    let path = "/exec/default/web/main?command=id&output=1";
+    let denied = get(&server, port, path, Some((&mallory, &mallory_key)))
+        .await
+        .unwrap();
+    assert!(denied.starts_with("HTTP/1.1 403"), "{denied}");
+    assert!(denied.contains("user=mallory"), "{denied}");
+    // Alice passes authorization and reaches the route (the memory provider has no exec).
+    let allowed = get(&server, port, path, Some((&alice, &alice_key)))
+        .await
+        .unwrap();
+    assert!(allowed.contains("does not support exec"), "{allowed}");
+    let asked = asked.lock().unwrap().clone();
+    assert!(
+        asked
+            .iter()
+            .any(|a| a.starts_with("alice ") && a.ends_with(" get nodes/proxy nebula-mem")),
+        "{asked:?}"
+    );
+    // /healthz needs no authorization.
+    let health = get(&server, port, "/healthz", Some((&mallory, &mallory_key)))
+        .await
+        .unwrap();
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    cancel.cancel();
+}
