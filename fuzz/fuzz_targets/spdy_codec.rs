@@ -1,4 +1,4 @@
-//! SPDY/3 frames arrive from whatever dialled the stub kubelet: untrusted bytes. The
+//! SPDY/3 frames arrive from whatever dialled the kubelet streaming server: untrusted bytes. The
 //! decoder must never panic, must not depend on how the bytes were split across reads,
 //! and every frame it yields must survive an encode/decode round trip unchanged (through
 //! a second codec pair, so the zlib header contexts are exercised as a stream).
@@ -7,7 +7,7 @@
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use testkube::kubelet::spdy::{Codec, Frame};
+use kubestream::spdy::{Codec, Frame};
 use tokio_util::codec::{Decoder, Encoder};
 
 /// Frames decoded until the decoder wants more input or fails; the error as text.

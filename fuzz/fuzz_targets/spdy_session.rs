@@ -1,4 +1,4 @@
-//! Whole stub-kubelet streaming sessions fed untrusted bytes after the upgrade: the SPDY
+//! Whole echo streaming sessions (kubestream::echo) fed untrusted bytes after the upgrade: the SPDY
 //! port-forward session and the WebSocket port-forward session. They must end (the
 //! fuzzer's -timeout catches a hang) with a result or an error, never a panic, and the
 //! SPDY session may report only ports named by SYN_STREAM frames actually present.
@@ -9,8 +9,8 @@ use std::sync::OnceLock;
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use testkube::kubelet::spdy::{Codec, Frame};
-use testkube::kubelet::streams::{spdy_port_forward, ws_port_forward};
+use kubestream::spdy::{Codec, Frame};
+use kubestream::echo::{spdy_port_forward, ws_port_forward};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::protocol::Role;

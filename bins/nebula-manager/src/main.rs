@@ -42,9 +42,19 @@ struct RunArgs {
     /// instance records); keep it across restarts so instances are found again.
     #[arg(long)]
     state_dir: PathBuf,
-    /// Kubelet API address; its port is advertised as the nodes' daemon endpoint.
+    /// Kubelet API address (logs and exec of the virtual nodes' pods); its port is
+    /// advertised as the nodes' daemon endpoint.
     #[arg(long, default_value = DEFAULT_KUBELET_LISTEN)]
     kubelet_listen: SocketAddr,
+    /// PEM bundle the kubelet API requires client certificates from (the CA that signs
+    /// the API server's kubelet client certificate). Without it anything that reaches
+    /// the kubelet port can read logs and run commands in the pods.
+    #[arg(long)]
+    kubelet_client_ca: Option<PathBuf>,
+    /// Ask the API server (SubjectAccessReview on nodes/proxy) before serving each
+    /// kubelet API request, so exec cannot bypass RBAC. Needs --kubelet-client-ca.
+    #[arg(long)]
+    kubelet_authorization_webhook: bool,
     /// Admin listener: /metrics.
     #[arg(long, default_value = DEFAULT_ADMIN_LISTEN)]
     admin_listen: SocketAddr,
@@ -89,6 +99,8 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         providers: args.providers,
         state_dir: args.state_dir,
         kubelet_listen: args.kubelet_listen,
+        kubelet_client_ca: args.kubelet_client_ca,
+        kubelet_webhook_authorization: args.kubelet_authorization_webhook,
         health_listen: args.health_listen,
         admin_listen: args.admin_listen,
         pod_ip: std::env::var("POD_IP").ok().filter(|s| !s.is_empty()),

@@ -8,15 +8,15 @@
 //!   `timestamps`, and `follow` (more lines at an interval until the client goes);
 //!   `previous=true` fails with 400 like a kubelet with no terminated container;
 //! - `/exec/...`, `/attach/...`: an echo process over SPDY/3.1 (`channel.k8s.io` v1-v5)
-//!   or WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`, ...), see [`streams`];
+//!   or WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`, ...), see [`kubestream::echo`];
 //! - `/portForward/{ns}/{pod}`: every forwarded connection is echoed (SPDY, or the
 //!   WebSocket port-forward protocol).
 //!
 //! It records every request path and query ([`StubKubelet::requests`]) and counts TCP
 //! connections, so tests can assert what reached it and that something did not.
 
-pub mod spdy;
-pub mod streams;
+/// The SPDY/3.1 codec (moved to the `kubestream` crate; re-exported for tests).
+pub use kubestream::spdy;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode, header};
+use http::{Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
@@ -38,16 +38,9 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::{Body, full};
-use streams::{EXEC_PROTOCOLS, ExecRequest, PORT_FORWARD_PROTOCOL, negotiate};
-
-/// WebSocket subprotocols the stub accepts for port-forward.
-const WS_PORT_FORWARD_PROTOCOLS: &[&str] = &[
-    TUNNELED_PORT_FORWARD_PROTOCOL,
-    "v4.channel.k8s.io",
-    "portforward.k8s.io",
-];
-/// SPDY port-forward tunnelled in WebSocket, as kubectl 1.31+ offers first.
-const TUNNELED_PORT_FORWARD_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
+use kubestream::channel::{EXEC_PROTOCOLS, ExecRequest, TUNNELED_PORT_FORWARD_PROTOCOL};
+use kubestream::echo;
+use kubestream::upgrade::{self, Accepted, Transport};
 
 /// Configuration for a [`StubKubelet`].
 #[derive(Debug, Clone, Default)]
@@ -550,45 +543,8 @@ fn logs(
         .expect("static response parts are valid")
 }
 
-/// Comma-separated values of every instance of a header.
-fn header_list(headers: &HeaderMap, name: impl header::AsHeaderName + Clone) -> Vec<String> {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .collect()
-}
-
-enum Upgrade {
-    Spdy,
-    WebSocket,
-}
-
-fn upgrade_kind(headers: &HeaderMap) -> Option<Upgrade> {
-    let connection = header_list(headers, header::CONNECTION);
-    if !connection.iter().any(|c| c.eq_ignore_ascii_case("upgrade")) {
-        return None;
-    }
-    let up = header_list(headers, header::UPGRADE);
-    if up.iter().any(|u| u.eq_ignore_ascii_case("SPDY/3.1")) {
-        Some(Upgrade::Spdy)
-    } else if up.iter().any(|u| u.eq_ignore_ascii_case("websocket")) {
-        Some(Upgrade::WebSocket)
-    } else {
-        None
-    }
-}
-
-fn switching(headers: &[(&str, String)]) -> Response<Body> {
-    let mut resp = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
-    for (k, v) in headers {
-        resp = resp.header(*k, v);
-    }
-    resp.body(crate::body::empty())
-        .expect("static response parts are valid")
+fn switching(accepted: &Accepted) -> Response<Body> {
+    accepted.response().map(|()| crate::body::empty())
 }
 
 fn upgrade_exec(
@@ -597,76 +553,26 @@ fn upgrade_exec(
     exec: ExecRequest,
 ) -> Response<Body> {
     let on_upgrade = hyper::upgrade::on(&mut req);
-    match upgrade_kind(req.headers()) {
-        None => text(StatusCode::BAD_REQUEST, "Upgrade request required"),
-        Some(Upgrade::Spdy) => {
-            let offered = header_list(req.headers(), "x-stream-protocol-version");
-            let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
-            // No offered protocol means the original, unversioned channel protocol.
-            let protocol = if offered.is_empty() {
-                ""
-            } else {
-                match negotiate(&offered, EXEC_PROTOCOLS) {
-                    Some(p) => p,
-                    None => {
-                        return text(
-                            StatusCode::FORBIDDEN,
-                            format!(
-                                "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server supports {EXEC_PROTOCOLS:?}"
-                            ),
-                        );
-                    }
-                }
-            }
-            .to_string();
-            let header_protocol = protocol.clone();
-            state.record_session(&exec.kind, "SPDY/3.1", &protocol);
-            spawn_session(&state, async move {
-                let io = TokioIo::new(on_upgrade.await?);
-                streams::spdy_exec(io, exec, protocol).await?;
-                Ok(())
-            });
-            let mut h = vec![
-                ("connection", "Upgrade".to_string()),
-                ("upgrade", "SPDY/3.1".to_string()),
-            ];
-            if !header_protocol.is_empty() {
-                h.push(("x-stream-protocol-version", header_protocol));
-            }
-            switching(&h)
-        }
-        Some(Upgrade::WebSocket) => {
-            let offered = header_list(req.headers(), header::SEC_WEBSOCKET_PROTOCOL);
-            let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
-            let protocol = if offered.is_empty() {
-                String::new()
-            } else {
-                match negotiate(&offered, EXEC_PROTOCOLS) {
-                    Some(p) => p.to_string(),
-                    None => {
-                        return text(
-                            StatusCode::BAD_REQUEST,
-                            format!(
-                                "requested protocol(s) are not supported: {offered:?}; supports {EXEC_PROTOCOLS:?}"
-                            ),
-                        );
-                    }
-                }
-            };
-            let Some(accept) = ws_accept(req.headers()) else {
-                return text(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
-            };
-            let p2 = protocol.clone();
-            state.record_session(&exec.kind, "websocket", &protocol);
-            spawn_session(&state, async move {
-                let io = TokioIo::new(on_upgrade.await?);
-                let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
-                streams::ws_exec(ws, exec, p2).await?;
-                Ok(())
-            });
-            switching(&ws_headers(accept, &protocol))
-        }
+    let accepted = match upgrade::exec(req.headers(), EXEC_PROTOCOLS, EXEC_PROTOCOLS) {
+        Ok(a) => a,
+        Err(r) => return text(r.status, r.message),
+    };
+    state.record_session(&exec.kind, accepted.transport.as_str(), &accepted.protocol);
+    let protocol = accepted.protocol.clone();
+    match accepted.transport {
+        Transport::Spdy => spawn_session(&state, async move {
+            let io = TokioIo::new(on_upgrade.await?);
+            echo::spdy_exec(io, exec, protocol).await?;
+            Ok(())
+        }),
+        Transport::WebSocket => spawn_session(&state, async move {
+            let io = TokioIo::new(on_upgrade.await?);
+            let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
+            echo::ws_exec(ws, exec, protocol).await?;
+            Ok(())
+        }),
     }
+    switching(&accepted)
 }
 
 fn upgrade_port_forward(
@@ -675,86 +581,36 @@ fn upgrade_port_forward(
     ports: Vec<u16>,
 ) -> Response<Body> {
     let on_upgrade = hyper::upgrade::on(&mut req);
-    match upgrade_kind(req.headers()) {
-        None => text(StatusCode::BAD_REQUEST, "Upgrade request required"),
-        Some(Upgrade::Spdy) => {
-            let offered = header_list(req.headers(), "x-stream-protocol-version");
-            if !offered.iter().any(|p| p == PORT_FORWARD_PROTOCOL) {
-                return text(
-                    StatusCode::FORBIDDEN,
-                    format!(
-                        "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server supports [\"{PORT_FORWARD_PROTOCOL}\"]"
-                    ),
-                );
-            }
-            state.record_session("portForward", "SPDY/3.1", PORT_FORWARD_PROTOCOL);
-            spawn_session(&state, async move {
-                let io = TokioIo::new(on_upgrade.await?);
-                streams::spdy_port_forward(io).await?;
-                Ok(())
-            });
-            switching(&[
-                ("connection", "Upgrade".to_string()),
-                ("upgrade", "SPDY/3.1".to_string()),
-                (
-                    "x-stream-protocol-version",
-                    PORT_FORWARD_PROTOCOL.to_string(),
-                ),
-            ])
-        }
-        Some(Upgrade::WebSocket) => {
-            let offered = header_list(req.headers(), header::SEC_WEBSOCKET_PROTOCOL);
-            let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
-            let Some(protocol) = negotiate(&offered, WS_PORT_FORWARD_PROTOCOLS) else {
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "requested protocol(s) are not supported: {offered:?}; supports {WS_PORT_FORWARD_PROTOCOLS:?}"
-                    ),
-                );
-            };
-            if ports.is_empty() && protocol != TUNNELED_PORT_FORWARD_PROTOCOL {
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    "query parameter \"port\" is required",
-                );
-            }
-            let Some(accept) = ws_accept(req.headers()) else {
-                return text(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
-            };
-            state.record_session("portForward", "websocket", protocol);
-            let tunnelled = protocol == TUNNELED_PORT_FORWARD_PROTOCOL;
-            let protocol = protocol.to_string();
+    let accepted = match upgrade::port_forward(req.headers(), !ports.is_empty()) {
+        Ok(a) => a,
+        Err(r) => return text(r.status, r.message),
+    };
+    state.record_session(
+        "portForward",
+        accepted.transport.as_str(),
+        &accepted.protocol,
+    );
+    match accepted.transport {
+        Transport::Spdy => spawn_session(&state, async move {
+            let io = TokioIo::new(on_upgrade.await?);
+            echo::spdy_port_forward(io).await?;
+            Ok(())
+        }),
+        Transport::WebSocket => {
+            let tunnelled = accepted.protocol == TUNNELED_PORT_FORWARD_PROTOCOL;
             spawn_session(&state, async move {
                 let io = TokioIo::new(on_upgrade.await?);
                 let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
                 if tunnelled {
-                    streams::ws_tunnelled_spdy_port_forward(ws).await?;
+                    echo::ws_tunnelled_spdy_port_forward(ws).await?;
                 } else {
-                    streams::ws_port_forward(ws, ports).await?;
+                    echo::ws_port_forward(ws, ports).await?;
                 }
                 Ok(())
-            });
-            switching(&ws_headers(accept, &protocol))
+            })
         }
     }
-}
-
-fn ws_accept(headers: &HeaderMap) -> Option<String> {
-    let key = headers.get(header::SEC_WEBSOCKET_KEY)?;
-    Some(tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes()))
-}
-
-fn ws_headers(accept: String, protocol: &str) -> Vec<(&'static str, String)> {
-    let mut h = vec![
-        ("connection", "Upgrade".to_string()),
-        ("upgrade", "websocket".to_string()),
-        ("sec-websocket-accept", accept),
-    ];
-    if !protocol.is_empty() {
-        h.push(("sec-websocket-protocol", protocol.to_string()));
-    }
-    h
+    switching(&accepted)
 }
 
 fn spawn_session<F>(state: &Arc<State>, fut: F)

@@ -37,6 +37,17 @@ pub enum LookupError {
     NoClaim(String),
 }
 
+/// What a handler knows of a pod by name ([`Handler::pod_instance`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodInstance {
+    /// The handler has not seen this pod (another node's, or not synced yet).
+    NotTracked,
+    /// The pod is this handler's, but its instance is not provisioned (yet).
+    NoInstance,
+    /// The pod's instance.
+    Instance(String),
+}
+
 /// What [`Handler::get`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Found {
@@ -83,6 +94,9 @@ pub struct Handler {
     /// instance recorded after its list was taken from one that vanished.
     tracked: Mutex<HashMap<String, (String, u64)>>,
     epoch: std::sync::atomic::AtomicU64,
+    /// `namespace/name` -> claim of every pod this handler has looked up or created: the
+    /// kubelet API only has the pod's name, and the claim needs its UID.
+    names: Mutex<HashMap<String, String>>,
     /// The provider's instances as listed once after start (the cold map), consumed as
     /// pods are re-adopted; `None` until a list succeeded.
     cold: tokio::sync::Mutex<Option<HashMap<String, Instance>>>,
@@ -113,6 +127,7 @@ impl Handler {
         Handler {
             provider,
             tracked: Mutex::default(),
+            names: Mutex::default(),
             cold: tokio::sync::Mutex::new(None),
             epoch: std::sync::atomic::AtomicU64::new(0),
             crash,
@@ -156,6 +171,39 @@ impl Handler {
         claim_name(pod).and_then(|c| self.tracked(&c))
     }
 
+    /// What this handler knows of the pod `namespace/name`, for the kubelet API.
+    pub fn pod_instance(&self, namespace: &str, name: &str) -> PodInstance {
+        let claim = lock(&self.names)
+            .get(&format!("{namespace}/{name}"))
+            .cloned();
+        match claim {
+            None => PodInstance::NotTracked,
+            Some(claim) => match self.tracked(&claim) {
+                Some(id) => PodInstance::Instance(id),
+                None => PodInstance::NoInstance,
+            },
+        }
+    }
+
+    /// `(namespace, name)` of every pod this handler knows by name.
+    pub fn pod_names(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = lock(&self.names)
+            .keys()
+            .filter_map(|k| k.split_once('/'))
+            .map(|(n, p)| (n.to_string(), p.to_string()))
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn remember_name(&self, pod: &Pod, claim: &str) {
+        lock(&self.names).insert(crate::claim::pod_key(pod), claim.to_string());
+    }
+
+    fn forget_name(&self, claim: &str) {
+        lock(&self.names).retain(|_, c| c != claim);
+    }
+
     pub(crate) async fn crash_at(&self, point: CrashPoint) {
         crash::at(&self.crash, point).await;
     }
@@ -195,6 +243,7 @@ impl Handler {
     pub async fn get(&self, pod: &Pod) -> Result<Found, LookupError> {
         let claim =
             claim_name(pod).ok_or_else(|| LookupError::NoClaim(crate::claim::pod_key(pod)))?;
+        self.remember_name(pod, &claim);
         if let Some(id) = self.tracked(&claim) {
             return Ok(Found {
                 claim,
@@ -232,6 +281,7 @@ impl Handler {
                 crate::claim::pod_key(pod)
             ),
         })?;
+        self.remember_name(pod, &req.claim);
         self.crash_at(CrashPoint::BeforeProvision).await;
         let instance = self.provider.provision(&req).await.inspect_err(|_| {
             Metrics::inc(&self.metrics.provider_errors);
@@ -272,6 +322,7 @@ impl Handler {
             }
         })?;
         lock(&self.tracked).remove(claim);
+        self.forget_name(claim);
         if let Some(m) = self.cold.lock().await.as_mut() {
             m.remove(claim);
         }
@@ -282,5 +333,6 @@ impl Handler {
     /// Stops tracking a claim without touching its instance.
     pub fn forget(&self, claim: &str) {
         lock(&self.tracked).remove(claim);
+        self.forget_name(claim);
     }
 }

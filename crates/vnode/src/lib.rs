@@ -27,8 +27,8 @@
 //!   credential, owned by the pod so garbage collection removes it (no provider shipped
 //!   here issues credentials yet, so nothing writes one).
 //!
-//! Not built here: the kubelet API server (logs/exec/port-forward routes), which plugs the
-//! optional capability traits in.
+//! - [`kubelet`]: the kubelet API of the virtual nodes ([`KubeletServer`]): container
+//!   logs and exec over SPDY and WebSocket for every provider's pods, on one TLS listener.
 
 #![cfg_attr(
     not(test),
@@ -39,6 +39,7 @@ mod claim;
 pub mod crash;
 mod election;
 mod handler;
+pub mod kubelet;
 pub mod manager;
 mod metrics;
 pub mod node;
@@ -61,7 +62,8 @@ pub use claim::{
     provision_request,
 };
 pub use crash::{CrashHook, CrashPoint};
-pub use handler::{DeleteError, Found, Handler, LookupError};
+pub use handler::{DeleteError, Found, Handler, LookupError, PodInstance};
+pub use kubelet::KubeletServer;
 pub use metrics::Metrics;
 pub use provider::{
     BlockScope, ByteSink, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance,

@@ -11,6 +11,7 @@ use tracing::{error, info};
 
 use crate::blocklist::Blocklist;
 use crate::crash::{CrashHook, CrashPoint};
+use crate::kubelet::KubeletServer;
 use crate::metrics::Metrics;
 use crate::node::NodeAdvert;
 use crate::placement::{Candidate, run_placement};
@@ -86,8 +87,15 @@ pub struct ManagerConfig {
     pub providers: Vec<ProviderSpec>,
     /// Where the process provider keeps per-pod directories (`<dir>/<provider>/<claim>`).
     pub state_dir: PathBuf,
-    /// The kubelet API address; its port is advertised as the nodes' daemon endpoint.
+    /// The kubelet API address; the port it binds (port 0 picks a free one) is advertised
+    /// as the nodes' daemon endpoint.
     pub kubelet_listen: SocketAddr,
+    /// A PEM bundle the kubelet API's clients must present a certificate from (the CA
+    /// of the API server's kubelet client certificate); `None` serves any client.
+    pub kubelet_client_ca: Option<PathBuf>,
+    /// Ask the API server (SubjectAccessReview) before serving a kubelet API request.
+    /// Needs `kubelet_client_ca`.
+    pub kubelet_webhook_authorization: bool,
     /// The probe listener.
     pub health_listen: SocketAddr,
     /// The admin listener.
@@ -137,6 +145,14 @@ pub enum ManagerError {
     /// A Lease configuration is unusable.
     #[error("configuring leader election")]
     Lease(#[source] daemon::lease::ConfigError),
+    /// The kubelet API could not start.
+    #[error("starting the kubelet API")]
+    Kubelet(#[source] crate::kubelet::KubeletError),
+    /// Webhook authorization without a client CA: there is no caller to ask about.
+    #[error(
+        "--kubelet-authorization-webhook needs --kubelet-client-ca: the caller asked about is the subject of its client certificate"
+    )]
+    WebhookWithoutClientCa,
     /// Two `--provider` flags name the same provider.
     #[error("provider {0} is given twice; give each a distinct name with process:NAME")]
     Duplicate(String),
@@ -199,6 +215,26 @@ pub async fn run(
     let admin = daemon::AdminServer::bind(&cfg.admin_listen.to_string())
         .await
         .map_err(ManagerError::Admin)?;
+    // The kubelet API: bad addresses and CAs fail here, before anything runs.
+    let node_ip = match (&cfg.pod_ip, cfg.kubelet_listen.ip()) {
+        (Some(ip), _) => ip.clone(),
+        (None, ip) if !ip.is_unspecified() => ip.to_string(),
+        (None, _) => "127.0.0.1".to_string(),
+    };
+    if cfg.kubelet_webhook_authorization && cfg.kubelet_client_ca.is_none() {
+        return Err(ManagerError::WebhookWithoutClientCa);
+    }
+    let mut kubelet = KubeletServer::new(
+        &node_ip,
+        &cfg.kubelet_listen.to_string(),
+        cfg.kubelet_client_ca.as_deref(),
+    )
+    .map_err(ManagerError::Kubelet)?;
+    if cfg.kubelet_webhook_authorization {
+        kubelet = kubelet.with_webhook_authorization(client.clone());
+    }
+    let kubelet = Arc::new(kubelet);
+    let kubelet_listener = kubelet.bind().await.map_err(ManagerError::Kubelet)?;
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     // One election per provider and one for placement, each registering its lease metrics
@@ -261,9 +297,14 @@ pub async fn run(
             "admin listener"
         });
     }
+    // The port actually bound (port 0 picks one), so the nodes advertise where it serves.
+    let kubelet_port = kubelet_listener
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or(cfg.kubelet_listen.port());
     let advert = NodeAdvert {
         pod_ip: cfg.pod_ip.clone(),
-        kubelet_port: cfg.kubelet_listen.port(),
+        kubelet_port,
     };
     let pod_cfg = PodControllerConfig {
         blocklist: blocklist.clone(),
@@ -271,14 +312,21 @@ pub async fn run(
         events: true,
     };
     for (p, election) in providers.iter().zip(elections) {
-        let runner = Runner::new(
+        let runner = Arc::new(Runner::new(
             client.clone(),
             p.clone(),
             advert.clone(),
             metrics.clone(),
             pod_cfg.clone(),
             hook.clone(),
-        );
+        ));
+        {
+            let runner = runner.clone();
+            kubelet.register(
+                common::keys::virtual_node_name(p.name()),
+                Arc::new(move || runner.handler()),
+            );
+        }
         let cancel = cancel.clone();
         let metrics = metrics.clone();
         let what = format!("provider {}", p.name());
@@ -293,6 +341,14 @@ pub async fn run(
             })
             .await;
             "provider runner"
+        });
+    }
+    {
+        let kubelet = kubelet.clone();
+        let cancel = cancel.clone();
+        tasks.spawn(async move {
+            kubelet.serve(kubelet_listener, cancel).await;
+            "kubelet API"
         });
     }
     let known: Vec<Candidate> = providers

@@ -113,17 +113,14 @@ pub fn desired_node(provider: &dyn Provider, advert: &NodeAdvert, healthy: bool)
         status: Some(NodeStatus {
             allocatable: Some(capacity.clone()),
             capacity: Some(capacity),
+            // Only the IP: the node's name resolves nowhere, and kube-apiserver's default
+            // address preference puts Hostname first, so advertising it would send the
+            // kubelet proxy (logs, exec) to a name no DNS knows.
             addresses: advert.pod_ip.as_ref().map(|ip| {
-                vec![
-                    NodeAddress {
-                        type_: "InternalIP".into(),
-                        address: ip.clone(),
-                    },
-                    NodeAddress {
-                        type_: "Hostname".into(),
-                        address: name.clone(),
-                    },
-                ]
+                vec![NodeAddress {
+                    type_: "InternalIP".into(),
+                    address: ip.clone(),
+                }]
             }),
             daemon_endpoints: Some(NodeDaemonEndpoints {
                 kubelet_endpoint: Some(DaemonEndpoint {

@@ -223,8 +223,30 @@ pub struct ExecIo {
     pub stdin: Option<ByteStream>,
     /// Standard output, if the client wants it.
     pub stdout: Option<ByteSink>,
-    /// Standard error, if the client wants it.
+    /// Standard error, if the client wants it (`None` with a terminal: it has one output).
     pub stderr: Option<ByteSink>,
+    /// Run the command on a terminal (`kubectl exec -t`): stdin and stdout are the
+    /// terminal's.
+    pub tty: bool,
+    /// Terminal size changes as `(columns, rows)`, with a terminal.
+    pub resize: Option<tokio::sync::mpsc::Receiver<(u16, u16)>>,
+}
+
+impl ExecIo {
+    /// Pipes only: no terminal, no resize events.
+    pub fn pipes(
+        stdin: Option<ByteStream>,
+        stdout: Option<ByteSink>,
+        stderr: Option<ByteSink>,
+    ) -> ExecIo {
+        ExecIo {
+            stdin,
+            stdout,
+            stderr,
+            tty: false,
+            resize: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for ExecIo {
@@ -233,6 +255,7 @@ impl std::fmt::Debug for ExecIo {
             .field("stdin", &self.stdin.is_some())
             .field("stdout", &self.stdout.is_some())
             .field("stderr", &self.stderr.is_some())
+            .field("tty", &self.tty)
             .finish()
     }
 }

@@ -49,7 +49,7 @@ pub(crate) fn start_with(
         "--admin-listen",
         "127.0.0.1:0",
         "--kubelet-listen",
-        "127.0.0.1:10250",
+        "127.0.0.1:0",
     ])
     .arg("--kubeconfig")
     .arg(kubeconfig)

@@ -124,6 +124,7 @@ async fn manifests_apply_and_grant_every_request_the_manager_makes() -> anyhow::
         .args(["run", "--provider", "process", "--leader-elect"])
         .arg(format!("--health-listen=127.0.0.1:{health}"))
         .arg(format!("--admin-listen=127.0.0.1:{admin}"))
+        .arg("--kubelet-listen=127.0.0.1:0")
         .arg("--kubeconfig")
         .arg(server.kubeconfig_path())
         .arg("--state-dir")

@@ -4,3 +4,4 @@
 mod crash;
 mod deploy;
 mod failover;
+mod kubelet;

@@ -20,6 +20,8 @@
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::pin::Pin;
 use std::process::Stdio;
@@ -627,6 +629,9 @@ impl Executor for ProcessProvider {
             let Some((program, args)) = command.split_first() else {
                 return Err(failed("exec", "empty command".into()));
             };
+            if io.tty {
+                return exec_on_terminal(&rec, program, args, io).await;
+            }
             let mut child = tokio::process::Command::new(program)
                 .args(args)
                 .env_clear()
@@ -656,8 +661,10 @@ impl Executor for ProcessProvider {
                 .spawn()
                 .map_err(|e| failed("exec", format!("starting {program:?}: {e}")))?;
             let mut pumps = Vec::new();
+            // Not awaited: a client may keep its stdin open after the command ended.
+            let mut stdin_pump = None;
             if let (Some(mut from), Some(mut to)) = (io.stdin, child.stdin.take()) {
-                pumps.push(tokio::spawn(async move {
+                stdin_pump = Some(tokio::spawn(async move {
                     let _ = tokio::io::copy(&mut from, &mut to).await;
                 }));
             }
@@ -677,6 +684,9 @@ impl Executor for ProcessProvider {
                 .wait()
                 .await
                 .map_err(|e| failed("exec", format!("waiting for {program:?}: {e}")))?;
+            if let Some(p) = stdin_pump {
+                p.abort();
+            }
             for p in pumps {
                 let _ = p.await;
             }
@@ -687,6 +697,125 @@ impl Executor for ProcessProvider {
                 .unwrap_or(255))
         }
         .boxed()
+    }
+}
+
+/// Runs `program` on a new pseudo-terminal as its controlling terminal (`setsid -c`, so
+/// no unsafe pre-exec code is needed), copying the client's stdin to the terminal and the
+/// terminal's output to the client's stdout, and applying resize events to it.
+async fn exec_on_terminal(
+    rec: &Record,
+    program: &str,
+    args: &[String],
+    io: ExecIo,
+) -> Result<i32, ProviderError> {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let pty_err = |what: &str, e: rustix::io::Errno| failed("exec", format!("{what}: {e}"));
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
+        .map_err(|e| pty_err("opening a pseudo-terminal", e))?;
+    grantpt(&master).map_err(|e| pty_err("grantpt", e))?;
+    unlockpt(&master).map_err(|e| pty_err("unlockpt", e))?;
+    let name = ptsname(&master, Vec::new()).map_err(|e| pty_err("ptsname", e))?;
+    let name = PathBuf::from(std::ffi::OsStr::from_bytes(name.as_bytes()));
+    let master = std::fs::File::from(master);
+    let mut resize = io.resize;
+    // The first size usually arrives with the session; apply it before the program starts.
+    if let Some(rx) = resize.as_mut()
+        && let Ok(Some((cols, rows))) =
+            tokio::time::timeout(Duration::from_millis(200), rx.recv()).await
+    {
+        set_size(&master, cols, rows);
+    }
+    let mut child = {
+        let open_slave = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc_o_noctty())
+                .open(&name)
+                .map_err(|e| failed("exec", format!("opening {}: {e}", name.display())))
+        };
+        let mut cmd = tokio::process::Command::new("setsid");
+        cmd.args(["--ctty", "--wait", "--"])
+            .arg(program)
+            .args(args)
+            .env_clear()
+            .env(
+                "PATH",
+                std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()),
+            )
+            .env("TERM", "xterm")
+            .envs(rec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env(CLAIM_ENV, format!("{}-exec", rec.claim))
+            .current_dir(&rec.working_dir)
+            .stdin(Stdio::from(open_slave()?))
+            .stdout(Stdio::from(open_slave()?))
+            .stderr(Stdio::from(open_slave()?))
+            .kill_on_drop(true);
+        // The command (and its copies of the terminal) is dropped here, so the terminal
+        // reports end of file once the program and its children are gone.
+        cmd.spawn()
+            .map_err(|e| failed("exec", format!("starting {program:?} on a terminal: {e}")))?
+    };
+    let reader = master
+        .try_clone()
+        .map_err(|e| failed("exec", format!("duplicating the terminal: {e}")))?;
+    let writer = master
+        .try_clone()
+        .map_err(|e| failed("exec", format!("duplicating the terminal: {e}")))?;
+    let mut side = Vec::new();
+    if let Some(mut rx) = resize {
+        side.push(tokio::spawn(async move {
+            while let Some((cols, rows)) = rx.recv().await {
+                set_size(&master, cols, rows);
+            }
+        }));
+    }
+    if let Some(mut from) = io.stdin {
+        side.push(tokio::spawn(async move {
+            let mut to = tokio::fs::File::from_std(writer);
+            let _ = tokio::io::copy(&mut from, &mut to).await;
+            let _ = to.flush().await;
+        }));
+    }
+    let output = io.stdout.map(|mut to| {
+        tokio::spawn(async move {
+            let mut from = tokio::fs::File::from_std(reader);
+            // Reading the terminal fails (EIO) once every program holding it is gone.
+            let _ = tokio::io::copy(&mut from, &mut to).await;
+            let _ = to.shutdown().await;
+        })
+    });
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| failed("exec", format!("waiting for {program:?}: {e}")))?;
+    if let Some(out) = output {
+        let _ = tokio::time::timeout(Duration::from_secs(5), out).await;
+    }
+    for task in side {
+        task.abort();
+    }
+    use std::os::unix::process::ExitStatusExt;
+    Ok(status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(255))
+}
+
+fn libc_o_noctty() -> i32 {
+    rustix::fs::OFlags::NOCTTY.bits() as i32
+}
+
+fn set_size(terminal: &std::fs::File, cols: u16, rows: u16) {
+    let size = rustix::termios::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    if let Err(e) = rustix::termios::tcsetwinsize(terminal, size) {
+        tracing::debug!(error = %e, "setting the terminal size");
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod common;
 mod crash;
+mod kubelet;
 mod lifecycle;
 mod placement;
 mod process;

@@ -120,11 +120,7 @@ async fn exec_port_forward_stats_and_log_tail() -> anyhow::Result<()> {
                 "-c".into(),
                 "echo $GREETING; pwd; exit 7".into(),
             ],
-            ExecIo {
-                stdin: None,
-                stdout: Some(Box::pin(out_w)),
-                stderr: None,
-            },
+            ExecIo::pipes(None, Some(Box::pin(out_w)), None),
         )
         .await?;
     let mut out = String::new();

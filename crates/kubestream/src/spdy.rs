@@ -9,7 +9,7 @@
 //!
 //! The decoder reads untrusted bytes: it returns [`SpdyError`] for anything malformed and
 //! never panics. [`Codec`] is a `tokio_util` codec, so a connection is a
-//! `Framed<io, Codec>`; it is public so tests can speak raw SPDY through the proxy.
+//! `Framed<io, Codec>`; tests use it to speak raw SPDY through a proxy.
 
 use std::sync::OnceLock;
 
@@ -161,7 +161,7 @@ pub enum SpdyError {
     #[error("frame payload of {0} bytes exceeds SPDY's 24-bit length")]
     TooLarge(usize),
     /// Reading or writing the connection failed.
-    #[error("spdy connection: {0}")]
+    #[error("spdy connection")]
     Io(#[from] std::io::Error),
 }
 

@@ -1,4 +1,5 @@
-//! The stub kubelet's exec, attach and port-forward sessions, over SPDY/3.1 and WebSocket.
+//! Exec, attach and port-forward sessions over SPDY/3.1 and WebSocket whose "process" is
+//! an echo: what the API double's stub kubelet serves, so tests can check bytes both ways.
 //!
 //! Behaviour (an echo, so tests can check bytes both ways):
 //! - `echo ARGS...` writes `ARGS\n` to stdout and exits 0;
@@ -12,7 +13,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -20,55 +20,11 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::codec::Framed;
 
-use super::spdy::{Codec, FLAG_FIN, Frame, SpdyError};
-
-/// The remotecommand subprotocols the stub answers, newest first.
-pub const EXEC_PROTOCOLS: &[&str] = &[
-    "v5.channel.k8s.io",
-    "v4.channel.k8s.io",
-    "v3.channel.k8s.io",
-    "v2.channel.k8s.io",
-    "channel.k8s.io",
-];
-/// The SPDY port-forward subprotocol.
-pub const PORT_FORWARD_PROTOCOL: &str = "portforward.k8s.io";
-
-/// WebSocket channel numbers of the remotecommand protocol.
-const CH_STDIN: u8 = 0;
-const CH_STDOUT: u8 = 1;
-const CH_STDERR: u8 = 2;
-const CH_ERROR: u8 = 3;
-/// v5: `[255, channel]` says the client closed that channel.
-const CH_CLOSE: u8 = 255;
-
-/// An exec or attach request as the kubelet receives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecRequest {
-    /// `exec` or `attach`.
-    pub kind: String,
-    /// Namespace, pod, container from the path.
-    pub namespace: String,
-    /// Pod name.
-    pub pod: String,
-    /// Container name.
-    pub container: String,
-    /// `command` query values (empty for attach).
-    pub command: Vec<String>,
-    /// `input=1`.
-    pub stdin: bool,
-    /// `output=1`.
-    pub stdout: bool,
-    /// `error=1`.
-    pub stderr: bool,
-    /// `tty=1`.
-    pub tty: bool,
-}
-
-/// The first protocol in the client's order that the server also speaks (how
-/// `httpstream.Handshake` and `wsstream` choose).
-pub fn negotiate<'a>(client: &[&'a str], server: &[&str]) -> Option<&'a str> {
-    client.iter().find(|c| server.contains(c)).copied()
-}
+use crate::channel::{
+    CH_CLOSE, CH_ERROR, CH_STDERR, CH_STDIN, CH_STDOUT, ExecRequest, is_v4_or_later, v1_status,
+    v4_status,
+};
+use crate::spdy::{Codec, FLAG_FIN, Frame, SpdyError};
 
 /// What the stub's "process" does when it has no stdin to echo: (stdout, exit code).
 pub fn run_command(command: &[String]) -> (Vec<u8>, i32) {
@@ -92,41 +48,6 @@ fn echoes_stdin(command: &[String]) -> bool {
         Some("echo") | Some("exit")
     );
     !(prints || exits)
-}
-
-/// The error-stream payload for a v4/v5 client: a `Status` object.
-pub fn v4_status(command: &[String], exit: i32) -> String {
-    if exit == 0 {
-        return json!({"metadata": {}, "status": "Success"}).to_string();
-    }
-    json!({
-        "metadata": {},
-        "status": "Failure",
-        "message": failure_message(command, exit),
-        "reason": "NonZeroExitCode",
-        "details": {"causes": [{"reason": "ExitCode", "message": exit.to_string()}]},
-    })
-    .to_string()
-}
-
-fn failure_message(command: &[String], exit: i32) -> String {
-    format!(
-        "command terminated with non-zero exit code: error executing command [{}], exit code {exit}",
-        command.join(" ")
-    )
-}
-
-/// The error-stream payload for pre-v4 clients: plain text, nothing on success.
-fn v1_status(command: &[String], exit: i32) -> String {
-    if exit == 0 {
-        String::new()
-    } else {
-        failure_message(command, exit)
-    }
-}
-
-fn is_v4_or_later(protocol: &str) -> bool {
-    protocol.starts_with("v4.") || protocol.starts_with("v5.")
 }
 
 /// Serves an exec or attach session over SPDY until it completes or the client goes.
@@ -487,6 +408,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channel::{EXEC_PROTOCOLS, negotiate};
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()

@@ -1,0 +1,655 @@
+//! Exec and attach sessions with a real process behind them, over either transport.
+//!
+//! [`serve`] takes the upgraded connection and a function that runs the process: it sets
+//! up the client's streams, hands the process a [`ProcessIo`] (pipes for stdin, stdout and
+//! stderr, and the terminal resize events), pumps bytes both ways while it runs, and when
+//! it ends sends what is left of its output, then the outcome on the error channel (the
+//! v4+ `Status` carrying a non-zero exit code, which kubectl turns into its own exit code).
+//!
+//! If the client goes away first, the process future is dropped (a provider that spawns
+//! with `kill_on_drop` ends the process with it).
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_util::codec::Framed;
+
+use crate::channel::{
+    CH_CLOSE, CH_ERROR, CH_RESIZE, CH_STDERR, CH_STDIN, CH_STDOUT, failure_message, is_v4_or_later,
+};
+use crate::spdy::{Codec, FLAG_FIN, Frame, SpdyError};
+use crate::upgrade::Transport;
+
+/// WebSocket subprotocols of exec and attach, newest first, with the base64 text variants.
+pub const WS_EXEC_PROTOCOLS: &[&str] = &[
+    "v5.channel.k8s.io",
+    "v4.channel.k8s.io",
+    "v4.base64.channel.k8s.io",
+    "channel.k8s.io",
+    "base64.channel.k8s.io",
+];
+
+/// Size of the pipes between the session and the process.
+const PIPE: usize = 64 * 1024;
+
+/// Which standard streams the client asked for (`input`, `output`, `error`, `tty`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Streams {
+    /// `input=1`.
+    pub stdin: bool,
+    /// `output=1`.
+    pub stdout: bool,
+    /// `error=1` (ignored with a tty: a terminal has one output).
+    pub stderr: bool,
+    /// `tty=1`.
+    pub tty: bool,
+}
+
+/// A terminal size the client reports (on start and whenever its window changes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct TerminalSize {
+    /// Columns.
+    #[serde(rename = "Width")]
+    pub width: u16,
+    /// Rows.
+    #[serde(rename = "Height")]
+    pub height: u16,
+}
+
+/// The process's side of the session.
+#[derive(Debug)]
+pub struct ProcessIo {
+    /// What the client types; end of file when the client closes its stdin.
+    pub stdin: Option<DuplexStream>,
+    /// Where the process's standard output goes (drop or shut down to end it).
+    pub stdout: Option<DuplexStream>,
+    /// Where its standard error goes (`None` with a tty).
+    pub stderr: Option<DuplexStream>,
+    /// Terminal resize events (only with a tty).
+    pub resize: mpsc::Receiver<TerminalSize>,
+    /// Whether the client asked for a terminal.
+    pub tty: bool,
+}
+
+/// How the process ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// It exited with this code (0 is success).
+    Exited(i32),
+    /// It could not run, or failed in a way that has no exit code; the text goes to the
+    /// client's error channel.
+    Failed(String),
+}
+
+/// Why a session ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The SPDY connection broke or sent something malformed.
+    #[error("SPDY session")]
+    Spdy(#[from] SpdyError),
+    /// The WebSocket connection broke or sent something malformed.
+    #[error("WebSocket session")]
+    WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
+    /// Reading or writing a pipe to the process failed.
+    #[error("process pipe")]
+    Io(#[from] std::io::Error),
+}
+
+/// The error-channel payload of an outcome: a `Status` for v4+, plain text before (and
+/// nothing for a success).
+pub fn status_payload(protocol: &str, command: &[String], outcome: &Outcome) -> String {
+    let v4 = is_v4_or_later(protocol);
+    match outcome {
+        Outcome::Exited(0) if v4 => json!({"metadata": {}, "status": "Success"}).to_string(),
+        Outcome::Exited(0) => String::new(),
+        Outcome::Exited(code) if v4 => json!({
+            "metadata": {},
+            "status": "Failure",
+            "message": failure_message(command, *code),
+            "reason": "NonZeroExitCode",
+            "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]},
+        })
+        .to_string(),
+        Outcome::Exited(code) => failure_message(command, *code),
+        Outcome::Failed(msg) if v4 => json!({
+            "metadata": {},
+            "status": "Failure",
+            "message": msg,
+            "reason": "InternalError",
+            "code": 500,
+        })
+        .to_string(),
+        Outcome::Failed(msg) => msg.clone(),
+    }
+}
+
+struct Pipes {
+    io: ProcessIo,
+    stdin: Option<DuplexStream>,
+    stdout: Option<DuplexStream>,
+    stderr: Option<DuplexStream>,
+    resize: mpsc::Sender<TerminalSize>,
+}
+
+fn pipes(streams: Streams) -> Pipes {
+    let pair = |on: bool| {
+        if on {
+            let (a, b) = tokio::io::duplex(PIPE);
+            (Some(a), Some(b))
+        } else {
+            (None, None)
+        }
+    };
+    let (stdin_ours, stdin_theirs) = pair(streams.stdin);
+    let (stdout_ours, stdout_theirs) = pair(streams.stdout);
+    let (stderr_ours, stderr_theirs) = pair(streams.stderr && !streams.tty);
+    let (resize, resize_rx) = mpsc::channel(8);
+    Pipes {
+        io: ProcessIo {
+            stdin: stdin_theirs,
+            stdout: stdout_theirs,
+            stderr: stderr_theirs,
+            resize: resize_rx,
+            tty: streams.tty,
+        },
+        stdin: stdin_ours,
+        stdout: stdout_ours,
+        stderr: stderr_ours,
+        resize,
+    }
+}
+
+/// Reads from an optional pipe; pending forever when there is none.
+async fn read_opt(pipe: &mut Option<DuplexStream>, buf: &mut [u8]) -> std::io::Result<usize> {
+    match pipe {
+        Some(p) => p.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn parse_resizes(data: &[u8], out: &mpsc::Sender<TerminalSize>) {
+    for size in serde_json::Deserializer::from_slice(data)
+        .into_iter::<TerminalSize>()
+        .map_while(Result::ok)
+    {
+        let _ = out.try_send(size);
+    }
+}
+
+/// Serves one exec or attach session on an upgraded connection until the process ends
+/// and its output is delivered, or the client goes.
+pub async fn serve<IO, F, Fut>(
+    io: IO,
+    transport: Transport,
+    protocol: &str,
+    streams: Streams,
+    command: &[String],
+    run: F,
+) -> Result<(), SessionError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    F: FnOnce(ProcessIo) -> Fut,
+    Fut: Future<Output = Outcome>,
+{
+    match transport {
+        Transport::Spdy => spdy(io, protocol, streams, command, run).await,
+        Transport::WebSocket => {
+            let ws = WebSocketStream::from_raw_socket(
+                io,
+                tokio_tungstenite::tungstenite::protocol::Role::Server,
+                None,
+            )
+            .await;
+            websocket(ws, protocol, streams, command, run).await
+        }
+    }
+}
+
+async fn spdy<IO, F, Fut>(
+    io: IO,
+    protocol: &str,
+    streams: Streams,
+    command: &[String],
+    run: F,
+) -> Result<(), SessionError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    F: FnOnce(ProcessIo) -> Fut,
+    Fut: Future<Output = Outcome>,
+{
+    let mut conn = Framed::new(io, Codec::new());
+    let mut types: HashMap<u32, String> = HashMap::new();
+    let id_of = |types: &HashMap<u32, String>, t: &str| {
+        types.iter().find(|(_, v)| v.as_str() == t).map(|(k, _)| *k)
+    };
+    let mut expected = vec!["error"];
+    if streams.stdin {
+        expected.push("stdin");
+    }
+    if streams.stdout {
+        expected.push("stdout");
+    }
+    if streams.stderr && !streams.tty {
+        expected.push("stderr");
+    }
+    let Pipes {
+        io: process_io,
+        stdin: mut stdin_w,
+        stdout: mut stdout_r,
+        stderr: mut stderr_r,
+        resize,
+    } = pipes(streams);
+    let mut last_stream = 0u32;
+
+    // Every frame the client sends, in setup and while the process runs.
+    macro_rules! on_frame {
+        ($frame:expr) => {{
+            let frame = $frame;
+            match frame {
+                Frame::SynStream {
+                    stream_id, flags, ..
+                } => {
+                    let kind = frame.header("streamtype").unwrap_or("").to_string();
+                    last_stream = last_stream.max(stream_id);
+                    conn.send(Frame::SynReply {
+                        stream_id,
+                        flags: 0,
+                        headers: vec![],
+                    })
+                    .await?;
+                    if kind == "stdin" && flags & FLAG_FIN != 0 {
+                        stdin_w = None;
+                    }
+                    types.insert(stream_id, kind);
+                }
+                Frame::Data {
+                    stream_id,
+                    flags,
+                    data,
+                } => match types.get(&stream_id).map(String::as_str) {
+                    Some("stdin") => {
+                        if let Some(w) = stdin_w.as_mut()
+                            && !data.is_empty()
+                            && w.write_all(&data).await.is_err()
+                        {
+                            stdin_w = None;
+                        }
+                        if flags & FLAG_FIN != 0 {
+                            stdin_w = None;
+                        }
+                    }
+                    Some("resize") => parse_resizes(&data, &resize),
+                    _ => {}
+                },
+                Frame::RstStream { stream_id, .. }
+                    if types.get(&stream_id).map(String::as_str) == Some("stdin") =>
+                {
+                    stdin_w = None;
+                }
+                Frame::Ping { id } => conn.send(Frame::Ping { id }).await?,
+                Frame::GoAway { .. } => return Ok(()),
+                _ => {}
+            }
+        }};
+    }
+
+    // Setup: the client opens one stream per standard stream, plus error (and resize).
+    while !expected.iter().all(|t| id_of(&types, t).is_some()) {
+        match conn.next().await {
+            None => return Ok(()),
+            Some(Err(e)) => {
+                let _ = conn
+                    .send(Frame::GoAway {
+                        last_good_stream_id: last_stream,
+                        status: 1,
+                    })
+                    .await;
+                return Err(e.into());
+            }
+            Some(Ok(frame)) => on_frame!(frame),
+        }
+    }
+    let out_id = id_of(&types, "stdout");
+    let err_id = id_of(&types, "stderr");
+    let error_id = id_of(&types, "error");
+
+    let process = run(process_io);
+    tokio::pin!(process);
+    let mut outcome = None;
+    let mut buf_out = vec![0u8; 32 * 1024];
+    let mut buf_err = vec![0u8; 32 * 1024];
+    while outcome.is_none() || stdout_r.is_some() || stderr_r.is_some() {
+        tokio::select! {
+            o = &mut process, if outcome.is_none() => outcome = Some(o),
+            n = read_opt(&mut stdout_r, &mut buf_out) => match n {
+                Ok(n) if n > 0 => {
+                    if let Some(id) = out_id {
+                        let data = Bytes::copy_from_slice(&buf_out[..n]);
+                        conn.send(Frame::Data { stream_id: id, flags: 0, data }).await?;
+                    }
+                }
+                _ => stdout_r = None,
+            },
+            n = read_opt(&mut stderr_r, &mut buf_err) => match n {
+                Ok(n) if n > 0 => {
+                    if let Some(id) = err_id {
+                        let data = Bytes::copy_from_slice(&buf_err[..n]);
+                        conn.send(Frame::Data { stream_id: id, flags: 0, data }).await?;
+                    }
+                }
+                _ => stderr_r = None,
+            },
+            f = conn.next() => match f {
+                None => return Ok(()),
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(frame)) => on_frame!(frame),
+            },
+        }
+    }
+    let outcome = outcome.unwrap_or(Outcome::Exited(0));
+    for id in [out_id, err_id].into_iter().flatten() {
+        conn.send(fin(id)).await?;
+    }
+    if let Some(id) = error_id {
+        let status = status_payload(protocol, command, &outcome);
+        if !status.is_empty() {
+            conn.send(Frame::Data {
+                stream_id: id,
+                flags: 0,
+                data: status.into(),
+            })
+            .await?;
+        }
+        conn.send(fin(id)).await?;
+    }
+    conn.send(Frame::GoAway {
+        last_good_stream_id: last_stream,
+        status: 0,
+    })
+    .await?;
+    conn.get_mut().shutdown().await?;
+    Ok(())
+}
+
+fn fin(stream_id: u32) -> Frame {
+    Frame::Data {
+        stream_id,
+        flags: FLAG_FIN,
+        data: Bytes::new(),
+    }
+}
+
+/// One channel message, binary or (base64 protocols) text.
+fn ws_message(base64: bool, channel: u8, data: &[u8]) -> Message {
+    if base64 {
+        let mut s = String::with_capacity(1 + data.len() * 4 / 3 + 4);
+        s.push(char::from(b'0' + channel));
+        s.push_str(&base64::engine::general_purpose::STANDARD.encode(data));
+        Message::text(s)
+    } else {
+        let mut out = Vec::with_capacity(1 + data.len());
+        out.push(channel);
+        out.extend_from_slice(data);
+        Message::binary(out)
+    }
+}
+
+/// `(channel, payload)` of a client message; `None` for anything else.
+fn ws_decode(base64: bool, msg: &Message) -> Option<(u8, Vec<u8>)> {
+    match msg {
+        Message::Binary(data) if !base64 => {
+            let (&ch, rest) = data.split_first()?;
+            Some((ch, rest.to_vec()))
+        }
+        Message::Text(text) if base64 => {
+            let bytes = text.as_bytes();
+            let (&ch, rest) = bytes.split_first()?;
+            if !ch.is_ascii_digit() {
+                return None;
+            }
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(rest)
+                .ok()?;
+            Some((ch - b'0', data))
+        }
+        _ => None,
+    }
+}
+
+async fn websocket<IO, F, Fut>(
+    mut ws: WebSocketStream<IO>,
+    protocol: &str,
+    streams: Streams,
+    command: &[String],
+    run: F,
+) -> Result<(), SessionError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+    F: FnOnce(ProcessIo) -> Fut,
+    Fut: Future<Output = Outcome>,
+{
+    let base64 = protocol.contains("base64");
+    let v5 = protocol.starts_with("v5.");
+    let Pipes {
+        io: process_io,
+        stdin: mut stdin_w,
+        stdout: mut stdout_r,
+        stderr: mut stderr_r,
+        resize,
+    } = pipes(streams);
+    // The streams are ready: an empty message on the lowest writable channel says so.
+    let ready = if streams.stdout {
+        CH_STDOUT
+    } else if streams.stderr {
+        CH_STDERR
+    } else {
+        CH_ERROR
+    };
+    ws.send(ws_message(base64, ready, &[])).await?;
+    let process = run(process_io);
+    tokio::pin!(process);
+    let mut outcome = None;
+    let mut buf_out = vec![0u8; 32 * 1024];
+    let mut buf_err = vec![0u8; 32 * 1024];
+    while outcome.is_none() || stdout_r.is_some() || stderr_r.is_some() {
+        tokio::select! {
+            o = &mut process, if outcome.is_none() => outcome = Some(o),
+            n = read_opt(&mut stdout_r, &mut buf_out) => match n {
+                Ok(n) if n > 0 => ws.send(ws_message(base64, CH_STDOUT, &buf_out[..n])).await?,
+                _ => stdout_r = None,
+            },
+            n = read_opt(&mut stderr_r, &mut buf_err) => match n {
+                Ok(n) if n > 0 => ws.send(ws_message(base64, CH_STDERR, &buf_err[..n])).await?,
+                _ => stderr_r = None,
+            },
+            m = ws.next() => {
+                let msg = match m {
+                    None => return Ok(()),
+                    Some(m) => m?,
+                };
+                if let Message::Close(_) = msg {
+                    return Ok(());
+                }
+                match ws_decode(base64, &msg) {
+                    Some((CH_CLOSE, data)) if v5 && data.first() == Some(&CH_STDIN) => {
+                        stdin_w = None;
+                    }
+                    Some((CH_STDIN, data)) => {
+                        if let Some(w) = stdin_w.as_mut()
+                            && !data.is_empty()
+                            && w.write_all(&data).await.is_err()
+                        {
+                            stdin_w = None;
+                        }
+                    }
+                    Some((CH_RESIZE, data)) => parse_resizes(&data, &resize),
+                    _ => {}
+                }
+            }
+        }
+    }
+    let outcome = outcome.unwrap_or(Outcome::Exited(0));
+    let status = status_payload(protocol, command, &outcome);
+    if !status.is_empty() {
+        ws.send(ws_message(base64, CH_ERROR, status.as_bytes()))
+            .await?;
+    }
+    ws.send(Message::Close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    })))
+    .await?;
+    // Let the client answer the close so the handshake completes.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    /// A "process" that copies stdin to stdout uppercased, writes "E" to stderr, and
+    /// exits with 3.
+    async fn shout(mut io: ProcessIo) -> Outcome {
+        let mut input = Vec::new();
+        if let Some(mut r) = io.stdin.take() {
+            r.read_to_end(&mut input).await.unwrap();
+        }
+        if let Some(mut w) = io.stdout.take() {
+            w.write_all(&input.to_ascii_uppercase()).await.unwrap();
+        }
+        if let Some(mut w) = io.stderr.take() {
+            w.write_all(b"E").await.unwrap();
+        }
+        Outcome::Exited(3)
+    }
+
+    fn all() -> Streams {
+        Streams {
+            stdin: true,
+            stdout: true,
+            stderr: true,
+            tty: false,
+        }
+    }
+
+    async fn ws_roundtrip(protocol: &'static str) -> (Vec<u8>, Vec<u8>, String) {
+        let (server, client) = tokio::io::duplex(PIPE);
+        let cmd = vec!["shout".to_string()];
+        let session = tokio::spawn(async move {
+            serve(server, Transport::WebSocket, protocol, all(), &cmd, shout).await
+        });
+        let mut ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        let b64 = protocol.contains("base64");
+        ws.send(ws_message(b64, CH_STDIN, b"hi")).await.unwrap();
+        ws.send(ws_message(b64, CH_CLOSE, &[CH_STDIN]))
+            .await
+            .unwrap();
+        let (mut out, mut err, mut status) = (Vec::new(), Vec::new(), String::new());
+        while let Some(Ok(msg)) = ws.next().await {
+            match ws_decode(b64, &msg) {
+                Some((CH_STDOUT, d)) => out.extend(d),
+                Some((CH_STDERR, d)) => err.extend(d),
+                Some((CH_ERROR, d)) => status.push_str(&String::from_utf8(d).unwrap()),
+                _ => {}
+            }
+        }
+        session.await.unwrap().unwrap();
+        (out, err, status)
+    }
+
+    #[tokio::test]
+    async fn websocket_v5_carries_streams_and_the_exit_code() {
+        let (out, err, status) = ws_roundtrip("v5.channel.k8s.io").await;
+        assert_eq!(out, b"HI");
+        assert_eq!(err, b"E");
+        let s: serde_json::Value = serde_json::from_str(&status).unwrap();
+        assert_eq!(s["reason"], "NonZeroExitCode");
+        assert_eq!(s["details"]["causes"][0]["message"], "3");
+    }
+
+    #[tokio::test]
+    async fn spdy_v4_carries_streams_and_the_exit_code() {
+        let (server, client) = tokio::io::duplex(PIPE);
+        let cmd = vec!["shout".to_string()];
+        let session = tokio::spawn(async move {
+            serve(
+                server,
+                Transport::Spdy,
+                "v4.channel.k8s.io",
+                all(),
+                &cmd,
+                shout,
+            )
+            .await
+        });
+        let mut conn = Framed::new(client, Codec::new());
+        for (id, kind) in [(1, "error"), (3, "stdin"), (5, "stdout"), (7, "stderr")] {
+            conn.send(Frame::SynStream {
+                stream_id: id,
+                associated_to: 0,
+                priority: 0,
+                flags: 0,
+                headers: vec![("streamtype".into(), kind.into())],
+            })
+            .await
+            .unwrap();
+        }
+        conn.send(Frame::Data {
+            stream_id: 3,
+            flags: FLAG_FIN,
+            data: Bytes::from_static(b"hi"),
+        })
+        .await
+        .unwrap();
+        let mut by_stream: HashMap<u32, Vec<u8>> = HashMap::new();
+        while let Some(Ok(frame)) = conn.next().await {
+            match frame {
+                Frame::Data {
+                    stream_id, data, ..
+                } => by_stream.entry(stream_id).or_default().extend(&data[..]),
+                Frame::GoAway { .. } => break,
+                _ => {}
+            }
+        }
+        session.await.unwrap().unwrap();
+        assert_eq!(by_stream[&5], b"HI");
+        assert_eq!(by_stream[&7], b"E");
+        let s: serde_json::Value = serde_json::from_slice(&by_stream[&1]).unwrap();
+        assert_eq!(s["details"]["causes"][0]["message"], "3");
+    }
+
+    #[test]
+    fn resize_events_parse_from_concatenated_json() {
+        let (tx, mut rx) = mpsc::channel(8);
+        parse_resizes(br#"{"Width":80,"Height":24}{"Width":100,"Height":30}"#, &tx);
+        assert_eq!(rx.try_recv().unwrap().width, 80);
+        assert_eq!(rx.try_recv().unwrap().height, 30);
+    }
+
+    #[test]
+    fn old_protocols_get_text_and_nothing_on_success() {
+        let cmd = vec!["x".to_string()];
+        assert_eq!(
+            status_payload("channel.k8s.io", &cmd, &Outcome::Exited(0)),
+            ""
+        );
+        assert!(status_payload("", &cmd, &Outcome::Exited(2)).contains("exit code 2"));
+        let v4 = status_payload("v4.channel.k8s.io", &cmd, &Outcome::Failed("no".into()));
+        assert!(v4.contains("InternalError"));
+    }
+}

@@ -1,0 +1,166 @@
+//! `cargo bench -p vnode --bench kubelet`: exec stdout throughput through the kubelet API
+//! (TLS, WebSocket `v5.channel.k8s.io`, the process provider running `head -c N
+//! /dev/zero`) against a raw loopback TCP copy of the same bytes in the same run, and 100
+//! concurrent exec sessions. Goal: throughput >= 0.5x the loopback copy.
+//!
+//! `KUBELET_BENCH_BYTES` changes the payload (default 256 MiB).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use rustls::pki_types::ServerName;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_util::sync::CancellationToken;
+use vnode::kubelet::KubeletServer;
+use vnode::providers::process::ProcessProvider;
+use vnode::{Handler, Metrics};
+
+async fn loopback_copy(bytes: usize) -> Duration {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let sender = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let buf = vec![0u8; 32 * 1024];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(buf.len());
+            s.write_all(&buf[..n]).await.unwrap();
+            left -= n;
+        }
+    });
+    let start = Instant::now();
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = 0;
+    while got < bytes {
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(n > 0, "loopback copy ended early");
+        got += n;
+    }
+    sender.await.unwrap();
+    start.elapsed()
+}
+
+/// One exec of `command` over WebSocket; answers (stdout bytes, error-channel text).
+async fn exec(tls: &tokio_rustls::TlsConnector, port: u16, command: &[&str]) -> (usize, String) {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let stream = tls
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    let query: String = command
+        .iter()
+        .map(|c| format!("command={c}&"))
+        .collect::<String>();
+    let mut req = format!("wss://127.0.0.1:{port}/exec/default/bench/main?{query}output=1")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        "v5.channel.k8s.io".parse().unwrap(),
+    );
+    let (mut ws, _) = tokio_tungstenite::client_async(req, stream).await.unwrap();
+    let mut stdout = 0;
+    let mut status = String::new();
+    while let Some(msg) = ws.next().await {
+        match msg {
+            Ok(Message::Binary(b)) => match b.first() {
+                Some(1) => stdout += b.len() - 1,
+                Some(3) => status.push_str(&String::from_utf8_lossy(&b[1..])),
+                _ => {}
+            },
+            Ok(Message::Close(_)) | Err(_) => break,
+            _ => {}
+        }
+    }
+    (stdout, status)
+}
+
+#[tokio::main]
+async fn main() {
+    let bytes: usize = std::env::var("KUBELET_BENCH_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256 << 20);
+    let state = tempfile::tempdir().unwrap();
+    let provider = Arc::new(ProcessProvider::new("bench", state.path()).unwrap());
+    let handler = Arc::new(Handler::new(provider, Arc::new(Metrics::default()), None));
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "bench", "namespace": "default", "uid": "bench-uid"},
+        "spec": {"containers": [{"name": "main", "image": "none", "command": ["sleep", "600"]}]},
+    }))
+    .unwrap();
+    let instance = handler.create(&pod).await.unwrap();
+    let server = Arc::new(KubeletServer::new("127.0.0.1", "127.0.0.1:0", None).unwrap());
+    {
+        let h = handler.clone();
+        server.register("nebula-bench", Arc::new(move || h.clone()));
+    }
+    let listener = server.bind().await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let cancel = CancellationToken::new();
+    tokio::spawn(server.clone().serve(listener, cancel.clone()));
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut server.cert_pem().as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+
+    let raw = loopback_copy(bytes).await;
+    let n = bytes.to_string();
+    let start = Instant::now();
+    let (got, status) = exec(&tls, port, &["head", "-c", &n, "/dev/zero"]).await;
+    let through = start.elapsed();
+    assert_eq!(
+        got, bytes,
+        "exec delivered {got} of {bytes} bytes; status {status}"
+    );
+    assert!(status.contains("Success"), "{status}");
+    let mib = bytes as f64 / (1 << 20) as f64;
+    let raw_rate = mib / raw.as_secs_f64();
+    let exec_rate = mib / through.as_secs_f64();
+    println!(
+        "kubelet exec stdout: {mib:.0} MiB in {:.2}s = {exec_rate:.0} MiB/s; loopback TCP copy {raw_rate:.0} MiB/s -> {:.2}x (goal >= 0.5x)",
+        through.as_secs_f64(),
+        exec_rate / raw_rate
+    );
+
+    let start = Instant::now();
+    let mut sessions = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let tls = tls.clone();
+        sessions.spawn(async move {
+            let word = format!("s{i}");
+            exec(&tls, port, &["echo", &word]).await
+        });
+    }
+    let mut ok = 0;
+    while let Some(r) = sessions.join_next().await {
+        let (got, status) = r.unwrap();
+        if got > 0 && status.contains("Success") {
+            ok += 1;
+        }
+    }
+    println!(
+        "kubelet exec: 100 concurrent sessions, {ok} completed with output and Success in {:.2}s",
+        start.elapsed().as_secs_f64()
+    );
+    cancel.cancel();
+    let _ = handler.delete(&pod).await;
+    let _ = instance;
+}

@@ -1,0 +1,980 @@
+//! The kubelet API of the virtual nodes: one HTTPS listener serving `kubectl logs` and
+//! `kubectl exec` for every provider's node.
+//!
+//! The API server proxies `pods/log` and `pods/exec` to the kubelet at the pod's Node
+//! address and daemon-endpoint port. A virtual node has no kubelet, so the manager serves
+//! those routes itself. The routes carry only namespace, pod and container, so a request
+//! is resolved by asking each registered [`Handler`] whether it tracks the pod (at most
+//! one does).
+//!
+//! Routes:
+//! - `GET /containerLogs/{ns}/{pod}/{container}`: the provider's [`LogStreamer`](crate::LogStreamer)
+//!   with `follow`, `tailLines`, `limitBytes`, `timestamps`, `sinceSeconds`, `previous`;
+//! - `GET|POST /exec/{ns}/{pod}[/{uid}]/{container}?command=..`: the provider's
+//!   [`Executor`](crate::Executor), over SPDY/3.1 or WebSocket (the `kubestream` crate),
+//!   with a terminal and its resize events for `tty=1`;
+//! - `GET|POST /portForward/{ns}/{pod}`: the provider's
+//!   [`PortForwarder`](crate::PortForwarder), over SPDY/3.1, SPDY tunnelled in WebSocket,
+//!   or the WebSocket channel form;
+//! - `GET /pods`: the pods the handlers know, as a `PodList` of names;
+//! - `GET /healthz`: `ok`.
+//!
+//! A pod no handler tracks, one without an instance yet, or one whose provider lacks the
+//! capability is a 404 whose text says which.
+//!
+//! TLS: a self-signed certificate made in memory at start, with the node IP in its
+//! subject alternative names (the API server does not verify a kubelet's serving
+//! certificate unless it is given `--kubelet-certificate-authority`). Client certificates
+//! are required and verified only when a client CA is given. Without one, anything that
+//! can reach the port can read logs and RUN COMMANDS in the pods' instances without the
+//! API server's RBAC: give the CA that signs the API server's kubelet client
+//! certificate, or close the port to everything but the API server (NetworkPolicy,
+//! firewall).
+//!
+//! Optional webhook authorization ([`KubeletServer::with_webhook_authorization`]) asks the
+//! API server with a SubjectAccessReview for `nodes/proxy` on the pod's node whether the
+//! caller (the subject of its client certificate) may do the request.
+//!
+//! Not built: `/attach`, `/stats/summary`, `/metrics/resource` (answered 404 naming what
+//! is missing), bearer-token callers (no TokenReview), honouring `sinceSeconds`
+//! (validated, then ignored: the process provider's log has no per-line times); and
+//! `timestamps` stamps a line with the time it is served, not the time it was written.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use kubestream::exec::{Outcome, ProcessIo, Streams, WS_EXEC_PROTOCOLS};
+use kubestream::upgrade;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::AsyncBufReadExt;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::handler::{Handler, PodInstance};
+use crate::provider::{ByteSink, ByteStream, ExecIo, LogOptions, Provider};
+
+/// Where the kubelet API listens by default (a real kubelet's port, so existing
+/// NetworkPolicies and habits carry over; the API server dials whatever the Node says).
+pub const DEFAULT_KUBELET_ADDR: &str = "0.0.0.0:10250";
+
+type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// Answers the current handler of a node (a runner replaces its handler each time it
+/// starts leading).
+pub type HandlerSource = Arc<dyn Fn() -> Arc<Handler> + Send + Sync>;
+
+/// Why the kubelet API cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    /// The node IP is not an IP address.
+    #[error("node IP {value:?} is not an IP address: set POD_IP to the manager's pod IP")]
+    NodeIp {
+        /// What was given.
+        value: String,
+        /// Why it does not parse.
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    /// The listen address is not `IP:PORT`.
+    #[error("kubelet listen address {value:?} is not IP:PORT (or :PORT)")]
+    Addr {
+        /// What was given.
+        value: String,
+        /// Why it does not parse.
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    /// The client CA file cannot be read.
+    #[error("reading the kubelet client CA {}", path.display())]
+    ClientCa {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The client CA file holds no usable certificate.
+    #[error("the kubelet client CA {} holds no usable PEM certificate", path.display())]
+    ClientCaEmpty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The serving certificate could not be made.
+    #[error("making the kubelet serving certificate")]
+    Cert(#[source] rcgen::Error),
+    /// The TLS configuration was refused.
+    #[error("configuring TLS for the kubelet API")]
+    Tls(#[source] rustls::Error),
+    /// The client certificate verifier could not be built.
+    #[error("configuring client certificate verification")]
+    Verifier(#[source] rustls::server::VerifierBuilderError),
+    /// The listener could not bind.
+    #[error("binding the kubelet API on {addr}")]
+    Bind {
+        /// Where.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The shared kubelet endpoint of every virtual node.
+pub struct KubeletServer {
+    node_ip: IpAddr,
+    addr: SocketAddr,
+    cert_pem: String,
+    tls: Arc<rustls::ServerConfig>,
+    client_ca: bool,
+    handlers: RwLock<Vec<(String, HandlerSource)>>,
+    authorizer: Option<kube::Client>,
+}
+
+/// Who is calling: the subject of the verified client certificate (common name is the
+/// user, organizations are the groups, as the API server reads them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The user name.
+    pub user: String,
+    /// The groups.
+    pub groups: Vec<String>,
+}
+
+/// The caller named by a client certificate (DER).
+pub fn caller_of(cert_der: &[u8]) -> Option<Caller> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
+    let subject = cert.subject();
+    let user = subject
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())?
+        .to_string();
+    let groups = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_string))
+        .collect();
+    Some(Caller { user, groups })
+}
+
+impl std::fmt::Debug for KubeletServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletServer")
+            .field("node_ip", &self.node_ip)
+            .field("addr", &self.addr)
+            .field("client_ca", &self.client_ca)
+            .finish_non_exhaustive()
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl KubeletServer {
+    /// Builds the endpoint: `node_ip` is the address the nodes advertise (the manager's
+    /// pod IP), `addr` where to listen (`IP:PORT`, or `:PORT` for every address; empty
+    /// means [`DEFAULT_KUBELET_ADDR`]), `client_ca` a PEM bundle that client certificates
+    /// must chain to. A bad IP, address or CA fails here, at start-up.
+    pub fn new(
+        node_ip: &str,
+        addr: &str,
+        client_ca: Option<&Path>,
+    ) -> Result<KubeletServer, KubeletError> {
+        let ip: IpAddr = node_ip
+            .trim()
+            .parse()
+            .map_err(|source| KubeletError::NodeIp {
+                value: node_ip.to_string(),
+                source,
+            })?;
+        let addr_text = match addr.trim() {
+            "" => DEFAULT_KUBELET_ADDR.to_string(),
+            a if a.starts_with(':') => format!("0.0.0.0{a}"),
+            a => a.to_string(),
+        };
+        let addr: SocketAddr = addr_text.parse().map_err(|source| KubeletError::Addr {
+            value: addr.to_string(),
+            source,
+        })?;
+        let key = rcgen::KeyPair::generate().map_err(KubeletError::Cert)?;
+        let mut params =
+            rcgen::CertificateParams::new(vec![ip.to_string()]).map_err(KubeletError::Cert)?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("nebula-kubelet@{ip}"));
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.self_signed(&key).map_err(KubeletError::Cert)?;
+        let cert_pem = cert.pem();
+        let certs = vec![CertificateDer::from(cert.der().to_vec())];
+        let key_der = PrivateKeyDer::try_from(key.serialize_der())
+            .map_err(|e| KubeletError::Tls(rustls::Error::General(e.to_string())))?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(KubeletError::Tls)?;
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|source| KubeletError::ClientCa {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                let mut roots = rustls::RootCertStore::empty();
+                for c in rustls_pemfile::certs(&mut pem.as_slice()).flatten() {
+                    let _ = roots.add(c);
+                }
+                if roots.is_empty() {
+                    return Err(KubeletError::ClientCaEmpty {
+                        path: path.to_path_buf(),
+                    });
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    roots.into(),
+                    provider(),
+                )
+                .build()
+                .map_err(KubeletError::Verifier)?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut tls = builder
+            .with_single_cert(certs, key_der)
+            .map_err(KubeletError::Tls)?;
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(KubeletServer {
+            node_ip: ip,
+            addr,
+            cert_pem,
+            tls: Arc::new(tls),
+            client_ca: client_ca.is_some(),
+            handlers: RwLock::default(),
+            authorizer: None,
+        })
+    }
+
+    /// Asks the API server (SubjectAccessReview) whether the caller may do what it asks,
+    /// as a kubelet with `--authorization-mode=Webhook` does: `nodes/proxy` for logs,
+    /// exec, port-forward and `/pods`, on the pod's node, with the verb of the HTTP
+    /// method. Needs a client CA: the caller is the subject of its certificate.
+    pub fn with_webhook_authorization(mut self, client: kube::Client) -> KubeletServer {
+        self.authorizer = Some(client);
+        self
+    }
+
+    /// Wires one node's handler in. The node name is only a label (lookup is by pod).
+    pub fn register(&self, node: impl Into<String>, handler: HandlerSource) {
+        self.handlers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((node.into(), handler));
+    }
+
+    /// The listen address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The serving certificate (PEM), for a client that pins it.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// Binds the listen address.
+    pub async fn bind(&self) -> Result<TcpListener, KubeletError> {
+        TcpListener::bind(self.addr)
+            .await
+            .map_err(|source| KubeletError::Bind {
+                addr: self.addr,
+                source,
+            })
+    }
+
+    /// Serves on `listener` until `cancel` fires; open sessions end with it.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.tls.clone());
+        if !self.client_ca {
+            warn!(
+                "kubelet API without a client CA: anything that reaches its port can read logs and run commands in these pods; set --kubelet-client-ca or restrict the port"
+            );
+        }
+        info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), node_ip = %self.node_ip, "kubelet API listening");
+        let mut conns = JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                accepted = listener.accept() => {
+                    let Ok((tcp, peer)) = accepted else { continue };
+                    let acceptor = acceptor.clone();
+                    let server = self.clone();
+                    let cancel = cancel.clone();
+                    conns.spawn(async move {
+                        let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                            Ok(Ok(tls)) => tls,
+                            Ok(Err(e)) => {
+                                debug!(%peer, error = %e, "kubelet API: TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
+                        let caller = tls
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|c| c.first())
+                            .and_then(|c| caller_of(c.as_ref()))
+                            .map(Arc::new);
+                        let svc_cancel = cancel.clone();
+                        let svc = hyper::service::service_fn(move |req| {
+                            let server = server.clone();
+                            let cancel = svc_cancel.clone();
+                            let caller = caller.clone();
+                            async move { Ok::<_, Infallible>(server.handle(req, caller, cancel).await) }
+                        });
+                        let conn = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(tls), svc)
+                            .with_upgrades();
+                        tokio::select! {
+                            _ = conn => {}
+                            _ = cancel.cancelled() => {}
+                        }
+                    });
+                }
+            }
+        }
+        conns.shutdown().await;
+    }
+
+    fn handlers(&self) -> Vec<(String, Arc<Handler>)> {
+        self.handlers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(n, h)| (n.clone(), h()))
+            .collect()
+    }
+
+    /// The node, provider and instance of pod `ns/name`, or the 404 saying why not.
+    fn resolve(&self, ns: &str, pod: &str) -> Result<(String, Arc<dyn Provider>, String), Refusal> {
+        for (node, handler) in self.handlers() {
+            match handler.pod_instance(ns, pod) {
+                PodInstance::NotTracked => continue,
+                PodInstance::NoInstance => {
+                    return Err((
+                        StatusCode::NOT_FOUND,
+                        format!(
+                            "pod {ns}/{pod} on node {node} has no instance yet (still being provisioned)\n"
+                        ),
+                    ));
+                }
+                PodInstance::Instance(id) => return Ok((node, handler.provider().clone(), id)),
+            }
+        }
+        Err((
+            StatusCode::NOT_FOUND,
+            format!("pod {ns}/{pod} is not tracked by any virtual node of this manager\n"),
+        ))
+    }
+
+    async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        caller: Option<Arc<Caller>>,
+        cancel: CancellationToken,
+    ) -> Response<Body> {
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or("").to_string();
+        let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        let segs: Vec<String> = path
+            .trim_start_matches('/')
+            .split('/')
+            .map(|s| {
+                percent_encoding::percent_decode_str(s)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            })
+            .collect();
+        let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+        let method = req.method().clone();
+        if let Some(client) = &self.authorizer
+            && segs.as_slice() != ["healthz"]
+            && let Err((code, msg)) = self
+                .authorize(client, caller.as_deref(), &method, &segs)
+                .await
+        {
+            return text(code, msg);
+        }
+        match (segs.as_slice(), &method) {
+            (["healthz"], &Method::GET) => text(StatusCode::OK, "ok"),
+            (["pods"], &Method::GET) => self.pods(),
+            (["containerLogs", ns, pod, container], &Method::GET) => {
+                self.logs(ns, pod, container, &pairs).await
+            }
+            (["exec", ns, pod, rest @ ..], &Method::GET | &Method::POST)
+                if matches!(rest.len(), 1 | 2) =>
+            {
+                self.exec(req, ns, pod, &pairs, cancel)
+            }
+            (["portForward", ns, pod], &Method::GET | &Method::POST) => {
+                self.port_forward(req, ns, pod, &pairs, cancel)
+            }
+            ([what @ ("attach" | "portForward" | "stats" | "metrics"), ..], _) => text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "/{what} is not built in this kubelet API (nebula-manager serves containerLogs and exec)\n"
+                ),
+            ),
+            _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
+        }
+    }
+
+    /// The webhook decision for one request: the nodes it touches, each asked about.
+    async fn authorize(
+        &self,
+        client: &kube::Client,
+        caller: Option<&Caller>,
+        method: &Method,
+        segs: &[&str],
+    ) -> Result<(), Refusal> {
+        let Some(caller) = caller else {
+            return Err((
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized: webhook authorization needs a client certificate\n".into(),
+            ));
+        };
+        let nodes: Vec<String> = match segs {
+            [_, ns, pod, ..] if !ns.is_empty() && segs[0] != "stats" && segs[0] != "metrics" => {
+                match self.resolve(ns, pod) {
+                    Ok((node, _, _)) => vec![node],
+                    Err(refusal) => return Err(refusal),
+                }
+            }
+            _ => self.handlers().into_iter().map(|(n, _)| n).collect(),
+        };
+        let subresource = match segs.first() {
+            Some(&"stats") => "stats",
+            Some(&"metrics") => "metrics",
+            Some(&"logs") => "log",
+            _ => "proxy",
+        };
+        let verb = match *method {
+            Method::POST => "create",
+            Method::PUT => "update",
+            Method::PATCH => "patch",
+            Method::DELETE => "delete",
+            _ => "get",
+        };
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
+        let api: kube::Api<SubjectAccessReview> = kube::Api::all(client.clone());
+        for node in nodes {
+            let review = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(caller.user.clone()),
+                    groups: Some(caller.groups.clone()),
+                    resource_attributes: Some(ResourceAttributes {
+                        verb: Some(verb.into()),
+                        resource: Some("nodes".into()),
+                        subresource: Some(subresource.into()),
+                        name: Some(node.clone()),
+                        ..ResourceAttributes::default()
+                    }),
+                    ..SubjectAccessReviewSpec::default()
+                },
+                ..SubjectAccessReview::default()
+            };
+            let answer = api
+                .create(&kube::api::PostParams::default(), &review)
+                .await
+                .map_err(|e| {
+                    warn!(error = %crate::chain(&e), "kubelet API: SubjectAccessReview failed");
+                    (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "Authorization error: the API server could not be asked\n".to_string(),
+                    )
+                })?;
+            if !answer.status.is_some_and(|s| s.allowed) {
+                return Err((
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "Forbidden (user={}, verb={verb}, resource=nodes, subresource={subresource}, name={node})\n",
+                        caller.user
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn pods(&self) -> Response<Body> {
+        let mut items = Vec::new();
+        for (node, handler) in self.handlers() {
+            for (ns, name) in handler.pod_names() {
+                items.push(serde_json::json!({
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"nodeName": node},
+                }));
+            }
+        }
+        let list = serde_json::json!({
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {},
+            "items": items,
+        });
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(full(list.to_string()))
+            .expect("static response parts are valid")
+    }
+
+    async fn logs(
+        &self,
+        ns: &str,
+        pod: &str,
+        _container: &str,
+        pairs: &[(String, String)],
+    ) -> Response<Body> {
+        let number = |key: &str| -> Result<Option<u64>, Refusal> {
+            match value(pairs, key) {
+                None => Ok(None),
+                Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
+                    (
+                        StatusCode::BAD_REQUEST,
+                        format!("query parameter {key}={v:?} must be a non-negative integer\n"),
+                    )
+                }),
+            }
+        };
+        let (tail_lines, limit_bytes, _since) = match (
+            number("tailLines"),
+            number("limitBytes"),
+            number("sinceSeconds"),
+        ) {
+            (Ok(t), Ok(l), Ok(s)) => (t, l, s),
+            (Err((code, msg)), _, _) | (_, Err((code, msg)), _) | (_, _, Err((code, msg))) => {
+                return text(code, msg);
+            }
+        };
+        let (node, provider, id) = match self.resolve(ns, pod) {
+            Ok(r) => r,
+            Err((code, msg)) => return text(code, msg),
+        };
+        let Some(streamer) = provider.log_streamer() else {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "provider {} of node {node} does not support logs\n",
+                    provider.name()
+                ),
+            );
+        };
+        if flag(pairs, "previous") {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "previous terminated container of pod {ns}/{pod} not found: an instance has no earlier run\n"
+                ),
+            );
+        }
+        let opts = LogOptions {
+            follow: flag(pairs, "follow"),
+            tail_lines,
+            limit_bytes,
+        };
+        let stream = match streamer.logs(&id, &opts).await {
+            Ok(s) => s,
+            Err(crate::ProviderError::NotFound(_)) => {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "pod {ns}/{pod}: instance {id} no longer exists at provider {}\n",
+                        provider.name()
+                    ),
+                );
+            }
+            Err(e) => {
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("reading the log of pod {ns}/{pod}: {}\n", crate::chain(&e)),
+                );
+            }
+        };
+        let body = if flag(pairs, "timestamps") {
+            stamped(stream)
+        } else {
+            let s = tokio_util::io::ReaderStream::new(stream).map(|r| r.map(Frame::data));
+            StreamBody::new(s).boxed_unsync()
+        };
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "text/plain")
+            .body(body)
+            .expect("static response parts are valid")
+    }
+
+    fn exec(
+        &self,
+        mut req: Request<Incoming>,
+        ns: &str,
+        pod: &str,
+        pairs: &[(String, String)],
+        cancel: CancellationToken,
+    ) -> Response<Body> {
+        let streams = Streams {
+            stdin: flag(pairs, "input") || flag(pairs, "stdin"),
+            stdout: flag(pairs, "output") || flag(pairs, "stdout"),
+            stderr: flag(pairs, "error") || flag(pairs, "stderr"),
+            tty: flag(pairs, "tty"),
+        };
+        if !streams.stdin && !streams.stdout && !streams.stderr {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "you must specify at least 1 of stdin, stdout, stderr\n",
+            );
+        }
+        let command: Vec<String> = pairs
+            .iter()
+            .filter(|(k, _)| k == "command")
+            .map(|(_, v)| v.clone())
+            .collect();
+        if command.is_empty() {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "query parameter command is required\n",
+            );
+        }
+        let (node, provider, id) = match self.resolve(ns, pod) {
+            Ok(r) => r,
+            Err((code, msg)) => return text(code, msg),
+        };
+        if provider.executor().is_none() {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "provider {} of node {node} does not support exec\n",
+                    provider.name()
+                ),
+            );
+        }
+        let accepted = match upgrade::exec(
+            req.headers(),
+            kubestream::channel::EXEC_PROTOCOLS,
+            WS_EXEC_PROTOCOLS,
+        ) {
+            Ok(a) => a,
+            Err(r) => return text(r.status, r.message),
+        };
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        let transport = accepted.transport;
+        let protocol = accepted.protocol.clone();
+        let pod_key = format!("{ns}/{pod}");
+        debug!(pod = %pod_key, transport = transport.as_str(), %protocol, "exec session");
+        tokio::spawn(async move {
+            let session = async {
+                let io = TokioIo::new(on_upgrade.await.map_err(|e| e.to_string())?);
+                let cmd = command.clone();
+                kubestream::exec::serve(io, transport, &protocol, streams, &command, |pio| {
+                    run_exec(provider, id, cmd, pio)
+                })
+                .await
+                .map_err(|e| crate::chain(&e))
+            };
+            tokio::select! {
+                res = session => {
+                    if let Err(e) = res {
+                        debug!(pod = %pod_key, error = %e, "exec session ended with an error");
+                    }
+                }
+                _ = cancel.cancelled() => {}
+            }
+        });
+        accepted.response().map(|()| empty())
+    }
+}
+
+async fn run_exec(
+    provider: Arc<dyn Provider>,
+    id: String,
+    command: Vec<String>,
+    pio: ProcessIo,
+) -> Outcome {
+    let Some(executor) = provider.executor() else {
+        return Outcome::Failed(format!(
+            "provider {} does not support exec",
+            provider.name()
+        ));
+    };
+    let (resize_tx, resize_rx) = tokio::sync::mpsc::channel(8);
+    let mut sizes = pio.resize;
+    if pio.tty {
+        tokio::spawn(async move {
+            while let Some(size) = sizes.recv().await {
+                if resize_tx.send((size.width, size.height)).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let io = ExecIo {
+        stdin: pio.stdin.map(|s| Box::pin(s) as ByteStream),
+        stdout: pio.stdout.map(|s| Box::pin(s) as ByteSink),
+        stderr: pio.stderr.map(|s| Box::pin(s) as ByteSink),
+        tty: pio.tty,
+        resize: pio.tty.then_some(resize_rx),
+    };
+    match executor.exec(&id, command, io).await {
+        Ok(code) => Outcome::Exited(code),
+        Err(e) => Outcome::Failed(crate::chain(&e)),
+    }
+}
+
+/// Each line prefixed with the time it is served (RFC 3339, nanoseconds), as
+/// `timestamps=true` asks.
+fn stamped(stream: ByteStream) -> Body {
+    let reader = tokio::io::BufReader::new(stream);
+    let s = futures::stream::unfold(reader, |mut reader| async move {
+        let mut line = Vec::new();
+        match reader.read_until(b'\n', &mut line).await {
+            Ok(0) => None,
+            Ok(_) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                let mut out = rfc3339_nanos(now).into_bytes();
+                out.push(b' ');
+                out.extend_from_slice(&line);
+                Some((Ok(Frame::data(Bytes::from(out))), reader))
+            }
+            Err(e) => Some((Err(e), reader)),
+        }
+    });
+    StreamBody::new(s).boxed_unsync()
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ` of a time since the epoch.
+fn rfc3339_nanos(since_epoch: Duration) -> String {
+    let secs = since_epoch.as_secs();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:09}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        since_epoch.subsec_nanos()
+    )
+}
+
+impl KubeletServer {
+    fn port_forward(
+        &self,
+        mut req: Request<Incoming>,
+        ns: &str,
+        pod: &str,
+        pairs: &[(String, String)],
+        cancel: CancellationToken,
+    ) -> Response<Body> {
+        let has_ports = pairs.iter().any(|(k, _)| k == "port" || k == "ports");
+        let (node, provider, id) = match self.resolve(ns, pod) {
+            Ok(r) => r,
+            Err((code, msg)) => return text(code, msg),
+        };
+        if provider.port_forwarder().is_none() {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "provider {} of node {node} does not support port-forward\n",
+                    provider.name()
+                ),
+            );
+        }
+        let accepted = match upgrade::port_forward(req.headers(), has_ports) {
+            Ok(a) => a,
+            Err(r) => return text(r.status, r.message),
+        };
+        let tunnelled = accepted.protocol == kubestream::channel::TUNNELED_PORT_FORWARD_PROTOCOL;
+        let ports: Vec<u16> = pairs
+            .iter()
+            .filter(|(k, _)| k == "port" || k == "ports")
+            .flat_map(|(_, v)| v.split(',').map(str::to_string).collect::<Vec<_>>())
+            .filter_map(|p| p.trim().parse().ok())
+            .collect();
+        if accepted.transport == upgrade::Transport::WebSocket && !tunnelled && ports.is_empty() {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "query parameter \"port\" must name ports 1-65535\n",
+            );
+        }
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        let transport = accepted.transport;
+        let pod_key = format!("{ns}/{pod}");
+        debug!(pod = %pod_key, transport = transport.as_str(), protocol = %accepted.protocol, ?ports, "port-forward session");
+        let connect = move |port: u16| {
+            let provider = provider.clone();
+            let id = id.clone();
+            async move {
+                let Some(pf) = provider.port_forwarder() else {
+                    return Err(format!(
+                        "provider {} does not support port-forward",
+                        provider.name()
+                    ));
+                };
+                pf.connect(&id, port).await.map_err(|e| crate::chain(&e))
+            }
+        };
+        tokio::spawn(async move {
+            let session = async {
+                let io = TokioIo::new(on_upgrade.await.map_err(|e| e.to_string())?);
+                match transport {
+                    upgrade::Transport::Spdy => kubestream::portforward::serve_spdy(io, connect)
+                        .await
+                        .map_err(|e| crate::chain(&e)),
+                    upgrade::Transport::WebSocket => {
+                        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                            io,
+                            tokio_tungstenite::tungstenite::protocol::Role::Server,
+                            None,
+                        )
+                        .await;
+                        if tunnelled {
+                            kubestream::portforward::serve_tunnelled(ws, connect)
+                                .await
+                                .map_err(|e| crate::chain(&e))
+                        } else {
+                            kubestream::portforward::serve_channels(ws, ports, connect)
+                                .await
+                                .map_err(|e| crate::chain(&e))
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                res = session => {
+                    if let Err(e) = res {
+                        debug!(pod = %pod_key, error = %e, "port-forward session ended with an error");
+                    }
+                }
+                _ = cancel.cancelled() => {}
+            }
+        });
+        accepted.response().map(|()| empty())
+    }
+}
+
+/// A refusal: the status and the text to answer with.
+type Refusal = (StatusCode, String);
+
+fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+fn empty() -> Body {
+    full(Bytes::new())
+}
+
+fn text(code: StatusCode, body: impl Into<String>) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(full(body.into()))
+        .expect("static response parts are valid")
+}
+
+fn flag(pairs: &[(String, String)], key: &str) -> bool {
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .is_some_and(|(_, v)| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_ip_and_address_fail_at_start() {
+        assert!(matches!(
+            KubeletServer::new("not-an-ip", ":10250", None),
+            Err(KubeletError::NodeIp { .. })
+        ));
+        assert!(matches!(
+            KubeletServer::new("10.0.0.1", "nowhere:x", None),
+            Err(KubeletError::Addr { .. })
+        ));
+        let s = KubeletServer::new("10.0.0.1", ":0", None).unwrap();
+        assert_eq!(s.addr().ip().to_string(), "0.0.0.0");
+    }
+
+    #[test]
+    fn a_missing_or_empty_client_ca_fails_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("ca.pem");
+        assert!(matches!(
+            KubeletServer::new("10.0.0.1", ":0", Some(&missing)),
+            Err(KubeletError::ClientCa { .. })
+        ));
+        std::fs::write(&missing, "no pem here").unwrap();
+        assert!(matches!(
+            KubeletServer::new("10.0.0.1", ":0", Some(&missing)),
+            Err(KubeletError::ClientCaEmpty { .. })
+        ));
+    }
+
+    #[test]
+    fn the_serving_certificate_names_the_node_ip() {
+        let s = KubeletServer::new("10.1.2.3", ":0", None).unwrap();
+        let der = rustls_pemfile::certs(&mut s.cert_pem().as_bytes())
+            .next()
+            .unwrap()
+            .unwrap();
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap();
+        let text = format!("{:?}", san.value.general_names);
+        assert!(
+            text.contains("10.1.2.3") || text.contains("[10, 1, 2, 3]"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        assert_eq!(
+            rfc3339_nanos(Duration::new(1_700_000_000, 5)),
+            "2023-11-14T22:13:20.000000005Z"
+        );
+    }
+}
