@@ -26,6 +26,10 @@
 //! WebSocket framing is `tokio-tungstenite`'s and zlib is `flate2`'s; everything that
 //! reads client bytes returns errors instead of panicking (fuzzed: `fuzz/`).
 
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 pub mod channel;
 pub mod echo;
 pub mod exec;

@@ -43,12 +43,19 @@ pub struct Accepted {
 impl Accepted {
     /// The `101` response (empty body).
     pub fn response(&self) -> http::Response<()> {
-        let mut resp = http::Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+        let mut resp = http::Response::new(());
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        // Names are this module's constants and values are computed here (an accept
+        // hash, a protocol from the known list): none is invalid, and none is skipped.
         for (k, v) in &self.headers {
-            resp = resp.header(*k, v);
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(k.as_bytes()),
+                http::HeaderValue::from_str(v),
+            ) {
+                resp.headers_mut().append(name, value);
+            }
         }
-        resp.body(())
-            .expect("header names are static and values are ASCII")
+        resp
     }
 }
 

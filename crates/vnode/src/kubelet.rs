@@ -535,11 +535,7 @@ impl KubeletServer {
             "metadata": {},
             "items": items,
         });
-        Response::builder()
-            .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(full(list.to_string()))
-            .expect("static response parts are valid")
+        respond(StatusCode::OK, "application/json", full(list.to_string()))
     }
 
     async fn logs(
@@ -620,11 +616,7 @@ impl KubeletServer {
             let s = tokio_util::io::ReaderStream::new(stream).map(|r| r.map(Frame::data));
             StreamBody::new(s).boxed_unsync()
         };
-        Response::builder()
-            .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, "text/plain")
-            .body(body)
-            .expect("static response parts are valid")
+        respond(StatusCode::OK, "text/plain", body)
     }
 
     fn exec(
@@ -900,11 +892,18 @@ fn empty() -> Body {
 }
 
 fn text(code: StatusCode, body: impl Into<String>) -> Response<Body> {
-    Response::builder()
-        .status(code)
-        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(full(body.into()))
-        .expect("static response parts are valid")
+    respond(code, "text/plain; charset=utf-8", full(body.into()))
+}
+
+/// A response with a status and a content type (no builder: nothing here can fail).
+fn respond(code: StatusCode, content_type: &'static str, body: Body) -> Response<Body> {
+    let mut response = Response::new(body);
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    response
 }
 
 fn flag(pairs: &[(String, String)], key: &str) -> bool {
