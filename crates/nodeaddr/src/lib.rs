@@ -58,12 +58,18 @@
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
+// The pure core (always built): derivations, routing names, the address plan.
 mod derive;
 mod plan;
-mod reconciler;
 mod routing;
+// The I/O modules, behind the default `client` feature.
+#[cfg(feature = "client")]
+mod reconciler;
+#[cfg(feature = "client")]
 mod serve;
+#[cfg(feature = "client")]
 mod status;
+#[cfg(feature = "client")]
 mod worker;
 
 pub use derive::{
@@ -74,6 +80,7 @@ pub use plan::{
     EXTERNAL_IP, PlannedNode, SkipReason, StatusChange, Tunnel, apply_change, first_external_ip,
     observed_kubelet_port, plan, unroute_status, wanted_status,
 };
+#[cfg(feature = "client")]
 pub use reconciler::{
     DEBOUNCE, DEFAULT_INTERVAL, EVENT_CONTROLLER, Error, LEASE_NAME, LEASE_NAMESPACE, Leadership,
     NodeAddressDiagnostic, PassReport, Reconciler, TUNNEL_PROBE_TIMEOUT, always_leader,
@@ -84,6 +91,9 @@ pub use routing::{
     configured_node_name, configured_node_name_env, is_virtual_node, routing_name,
     routing_name_from,
 };
+#[cfg(feature = "client")]
 pub use serve::{ServeError, ServeOptions, serve, serve_on};
+#[cfg(feature = "client")]
 pub use status::{ErrorKind, Monitor, NodeState, Status};
+#[cfg(feature = "client")]
 pub use worker::{BindAddress, BindError, BindSource, bind_address, bind_address_from};
