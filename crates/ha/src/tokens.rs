@@ -127,17 +127,7 @@ pub fn token_secret(
     })
 }
 
-/// Whether a grant's token still lets its holder read the grant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenState {
-    /// The token Secret exists and has not expired.
-    Live,
-    /// The token Secret exists but its expiration has passed (or cannot be read, which the
-    /// bootstrap authenticator also treats as expired).
-    Expired,
-    /// The token Secret does not exist.
-    Gone,
-}
+pub use hacore::tokens::TokenState;
 
 /// Judges a token Secret as read (`None`: not found) at `now` (pure).
 pub fn token_state(secret: Option<&Secret>, now: DateTime<Utc>) -> TokenState {
