@@ -339,22 +339,13 @@ pub async fn lookup_token_state(
     Ok(token_state(secret.as_ref(), now))
 }
 
-/// Parses a token lifetime with `humantime`, like every duration flag of the project
-/// (`2h`, `1h30m`, `90s`, `1d`). A token's expiration is written in whole seconds, so a
-/// lifetime with a fraction of a second is refused rather than silently cut.
+/// Parses a token lifetime: [`common::token::parse_ttl`] (humantime, whole seconds), its
+/// refusal as [`TokenError::Ttl`].
 pub fn parse_ttl(text: &str) -> Result<Duration, TokenError> {
-    let bad = |reason: String| TokenError::Ttl {
-        text: text.to_string(),
-        reason,
-    };
-    let ttl = humantime::parse_duration(text.trim())
-        .map_err(|e| bad(format!("{e}; write e.g. 2h, 30m or 1h30m")))?;
-    if ttl.subsec_nanos() != 0 {
-        return Err(bad(
-            "a token lifetime is whole seconds; write e.g. 2h, 30m or 1h30m".into(),
-        ));
-    }
-    Ok(ttl)
+    common::token::parse_ttl(text).map_err(|err| TokenError::Ttl {
+        text: err.text,
+        reason: err.reason,
+    })
 }
 
 /// The bootstrap token a kubeconfig authenticates with: the token of the current context's
