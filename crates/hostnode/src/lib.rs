@@ -29,6 +29,13 @@
 //! - [`lifecycle`]: `up`, `down`, `reset`, `upgrade` and `status` of a node stack
 //!   ([`lifecycle::Node`]), composed from the steps above, with typed phase results and
 //!   progress reported to a [`lifecycle::Report`]. `outpost-agent node` only prints it.
+//!
+//! Features: `host` (default) builds everything that runs commands or touches the host
+//! (`backend`, `lifecycle`, `phases`, `runner`, `settle`, `snapshot`, `unmount`, `remove`,
+//! the resets, `localdns`, `lock`, `Hooks`). Without it the crate is its pure core
+//! ([`HostRoot`], [`goalstate`], [`configure`], [`restart_changed`], [`mountinfo`]) with
+//! no tokio, nix or kube in its tree, and `nodeaddr` comes without its client
+//! (`docs/architecture.md`).
 
 #![cfg_attr(
     not(test),

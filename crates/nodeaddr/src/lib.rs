@@ -52,6 +52,11 @@
 //! election, the admin listener mirroring the monitor on `/status` and `/metrics`, and
 //! [`Reconciler::run`]) until cancelled.
 //!
+//! Features: `client` (default) builds the reconciler, [`serve`], the monitor and
+//! [`bind_address`]: everything that talks to the API server. Without it the crate is its
+//! pure core (the derivations, routing names and [`plan()`]), with no kube client or tokio
+//! in its tree; `hostnode` and the fuzz targets use it so (`docs/architecture.md`).
+//!
 //! Operations: `docs/nodeaddr.md`.
 
 #![cfg_attr(
