@@ -4,7 +4,7 @@
 
 #![no_main]
 
-use ha::tokens::{BootstrapToken, is_token_id, parse_ttl};
+use common::token::{BootstrapToken, is_token_id, parse_ttl};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

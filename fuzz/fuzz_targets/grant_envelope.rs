@@ -6,7 +6,7 @@
 
 #![no_main]
 
-use ha::grants::envelope::{
+use hacore::grants::envelope::{
     CertKey, EntryBinding, EnvelopeError, decode_bundle, encode_bundle, open_bundle, open_bytes,
     open_legacy, seal_bundle, seal_legacy,
 };

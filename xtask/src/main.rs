@@ -30,6 +30,8 @@ struct Cli {
 enum Task {
     /// Run what CI runs: fmt --check, clippy -D warnings, the whole test suite.
     Ci,
+    /// Check that the pure cores build without their I/O stack (part of `ci`).
+    PureCores,
     /// Run one benchmark; `cargo xtask bench --list` lists them.
     Bench {
         /// Benchmark name (see --list).
@@ -79,13 +81,13 @@ const MUTANT_CORES: &[(&str, &[&str], &[&str])] = &[
         &[],
     ),
     (
-        "ha",
+        "hacore",
         &[
-            "crates/ha/src/grants/envelope.rs",
-            "crates/ha/src/grants/plan.rs",
-            "crates/ha/src/etcd/rules.rs",
+            "crates/hacore/src/grants/envelope.rs",
+            "crates/hacore/src/grants/plan.rs",
+            "crates/hacore/src/etcd/rules.rs",
         ],
-        &["--lib"],
+        &[],
     ),
     ("hostnode", &["crates/hostnode/src/mountinfo.rs"], &[]),
     ("health", &["crates/health/src/readiness.rs"], &[]),
@@ -178,6 +180,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Task::Ci => ci(),
+        Task::PureCores => pure_cores(),
         Task::Sandbox(_) => unreachable!("handled in main"),
         Task::Bench { list: true, .. } | Task::Bench { name: None, .. } => {
             for (name, _, _, what) in BENCHES {
@@ -360,6 +363,7 @@ fn ci() -> anyhow::Result<()> {
         "warnings",
     ])?;
     unused_dependencies()?;
+    pure_cores()?;
     // nextest does not run doctests; run them first so the run closes on nextest's summary.
     cargo(&["test", "--workspace", "--locked", "--doc"])?;
     // The end-to-end tests run the binaries; they never build them (see tests/lib.rs).
@@ -402,6 +406,94 @@ fn unused_dependencies() -> anyhow::Result<()> {
     )
 }
 
+/// The pure cores: each crate, built without its default features, and what it must never
+/// pull in. The fuzz targets and the pure unit tests build against these, so they need
+/// neither protoc (etcd-client) nor the kube client tree.
+const PURE_CORES: &[&str] = &["common", "nodeaddr", "hostnode", "hacore"];
+
+/// The I/O stack a pure core must not depend on, by package name.
+const IO_STACK: &[&str] = &["kube", "kube-client", "etcd-client", "tokio"];
+
+/// Fails when a pure core's normal dependency tree (default features off) holds a package
+/// of the I/O stack, naming the crate, the package and the chain that brings it in
+/// (`cargo tree -i`); then checks that each core's library builds that way.
+fn pure_cores() -> anyhow::Result<()> {
+    for krate in PURE_CORES {
+        let tree = cargo_output(&[
+            "tree",
+            "-p",
+            krate,
+            "--no-default-features",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "--format",
+            "{p}",
+            "--locked",
+        ])?;
+        for banned in IO_STACK {
+            if !tree_holds(&tree, banned) {
+                continue;
+            }
+            let chain = cargo_output(&[
+                "tree",
+                "-p",
+                krate,
+                "--no-default-features",
+                "-e",
+                "normal",
+                "-i",
+                banned,
+                "--locked",
+            ])
+            .unwrap_or_else(|err| format!("(cargo tree -i {banned} failed: {err:#})"));
+            bail!(
+                "pure core {krate} depends on {banned} with its default features off; keep \
+                 the I/O stack behind a feature or out of the crate. The chain:\n{chain}"
+            );
+        }
+    }
+    for krate in PURE_CORES {
+        cargo(&[
+            "check",
+            "-p",
+            krate,
+            "--no-default-features",
+            "--lib",
+            "--locked",
+        ])
+        .with_context(|| {
+            format!("pure core {krate} does not build without its default features")
+        })?;
+    }
+    Ok(())
+}
+
+/// Whether a `cargo tree --prefix none --format {p}` listing holds the package `name`
+/// (a line `name vX.Y.Z ...`).
+fn tree_holds(tree: &str, name: &str) -> bool {
+    tree.lines()
+        .any(|line| line.split_whitespace().next() == Some(name))
+}
+
+/// Runs cargo and returns its standard output; a failure carries its standard error.
+fn cargo_output(args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(env!("CARGO"))
+        .args(args)
+        .output()
+        .with_context(|| format!("cannot run cargo {}", args.join(" ")))?;
+    if !output.status.success() {
+        bail!(
+            "cargo {} failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 fn cargo(args: &[&str]) -> anyhow::Result<()> {
     eprintln!("xtask: cargo {}", args.join(" "));
     let status = Command::new(env!("CARGO"))
@@ -412,4 +504,18 @@ fn cargo(args: &[&str]) -> anyhow::Result<()> {
         bail!("cargo {} failed ({status})", args.join(" "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_holds_matches_whole_package_names() {
+        let tree = "hostnode v0.1.0 (/w/crates/hostnode)\ntokio-util v0.7.1\nkube-core v5.0.0\n";
+        assert!(tree_holds(tree, "hostnode"));
+        assert!(!tree_holds(tree, "tokio"), "tokio-util is not tokio");
+        assert!(!tree_holds(tree, "kube"), "kube-core is not kube");
+        assert!(tree_holds("tokio v1.48.0\n", "tokio"));
+    }
 }

@@ -120,6 +120,34 @@ pub fn is_token_id(id: &str) -> bool {
     check_part(id, ID_LEN, "id").is_ok()
 }
 
+/// A token lifetime that cannot be used. Its `Display` matches `ha::tokens::TokenError::Ttl`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("token lifetime {text:?} is invalid: {reason}")]
+pub struct TtlError {
+    /// The text given.
+    pub text: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Parses a token lifetime with `humantime`, like every duration flag of the project
+/// (`2h`, `1h30m`, `90s`, `1d`). A token's expiration is written in whole seconds, so a
+/// lifetime with a fraction of a second is refused rather than silently cut.
+pub fn parse_ttl(text: &str) -> Result<std::time::Duration, TtlError> {
+    let bad = |reason: String| TtlError {
+        text: text.to_string(),
+        reason,
+    };
+    let ttl = humantime::parse_duration(text.trim())
+        .map_err(|e| bad(format!("{e}; write e.g. 2h, 30m or 1h30m")))?;
+    if ttl.subsec_nanos() != 0 {
+        return Err(bad(
+            "a token lifetime is whole seconds; write e.g. 2h, 30m or 1h30m".into(),
+        ));
+    }
+    Ok(ttl)
+}
+
 impl fmt::Display for BootstrapToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{}", self.id, self.secret)
@@ -135,6 +163,21 @@ impl fmt::Debug for BootstrapToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ttl_is_whole_seconds_of_humantime() {
+        assert_eq!(
+            parse_ttl(" 1h30m "),
+            Ok(std::time::Duration::from_secs(5400))
+        );
+        let fraction = parse_ttl("1500ms").unwrap_err();
+        assert!(fraction.reason.contains("whole seconds"), "{fraction}");
+        let junk = parse_ttl("soon").unwrap_err();
+        assert!(
+            junk.to_string()
+                .starts_with("token lifetime \"soon\" is invalid: ")
+        );
+    }
 
     #[test]
     fn parses_and_prints_back() {

@@ -17,7 +17,8 @@
 //! - Storage: [`etcd_storage_at`], [`downgrade_etcd`].
 
 pub mod learner;
-pub mod rules;
+// The pure rules live in `hacore` (no etcd client in its tree); re-exported here.
+pub use hacore::etcd::rules;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -25,8 +25,8 @@
 //! reads and writes through `kube::Api`.
 
 pub mod disk;
-pub mod envelope;
-pub mod plan;
+// The pure parts live in `hacore` (no kube client in its tree); re-exported here.
+pub use hacore::grants::{envelope, plan};
 pub mod rbac;
 
 use std::collections::BTreeMap;

@@ -127,17 +127,7 @@ pub fn token_secret(
     })
 }
 
-/// Whether a grant's token still lets its holder read the grant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenState {
-    /// The token Secret exists and has not expired.
-    Live,
-    /// The token Secret exists but its expiration has passed (or cannot be read, which the
-    /// bootstrap authenticator also treats as expired).
-    Expired,
-    /// The token Secret does not exist.
-    Gone,
-}
+pub use hacore::tokens::TokenState;
 
 /// Judges a token Secret as read (`None`: not found) at `now` (pure).
 pub fn token_state(secret: Option<&Secret>, now: DateTime<Utc>) -> TokenState {
@@ -349,22 +339,13 @@ pub async fn lookup_token_state(
     Ok(token_state(secret.as_ref(), now))
 }
 
-/// Parses a token lifetime with `humantime`, like every duration flag of the project
-/// (`2h`, `1h30m`, `90s`, `1d`). A token's expiration is written in whole seconds, so a
-/// lifetime with a fraction of a second is refused rather than silently cut.
+/// Parses a token lifetime: [`common::token::parse_ttl`] (humantime, whole seconds), its
+/// refusal as [`TokenError::Ttl`].
 pub fn parse_ttl(text: &str) -> Result<Duration, TokenError> {
-    let bad = |reason: String| TokenError::Ttl {
-        text: text.to_string(),
-        reason,
-    };
-    let ttl = humantime::parse_duration(text.trim())
-        .map_err(|e| bad(format!("{e}; write e.g. 2h, 30m or 1h30m")))?;
-    if ttl.subsec_nanos() != 0 {
-        return Err(bad(
-            "a token lifetime is whole seconds; write e.g. 2h, 30m or 1h30m".into(),
-        ));
-    }
-    Ok(ttl)
+    common::token::parse_ttl(text).map_err(|err| TokenError::Ttl {
+        text: err.text,
+        reason: err.reason,
+    })
 }
 
 /// The bootstrap token a kubeconfig authenticates with: the token of the current context's

@@ -29,6 +29,13 @@
 //! - [`lifecycle`]: `up`, `down`, `reset`, `upgrade` and `status` of a node stack
 //!   ([`lifecycle::Node`]), composed from the steps above, with typed phase results and
 //!   progress reported to a [`lifecycle::Report`]. `outpost-agent node` only prints it.
+//!
+//! Features: `host` (default) builds everything that runs commands or touches the host
+//! (`backend`, `lifecycle`, `phases`, `runner`, `settle`, `snapshot`, `unmount`, `remove`,
+//! the resets, `localdns`, `lock`, `Hooks`). Without it the crate is its pure core
+//! ([`HostRoot`], [`goalstate`], [`configure`], [`restart_changed`], [`mountinfo`]) with
+//! no tokio, nix or kube in its tree, and `nodeaddr` comes without its client
+//! (`docs/architecture.md`).
 
 #![cfg_attr(
     not(test),
@@ -36,25 +43,41 @@
 )]
 use std::path::{Path, PathBuf};
 
-pub mod backend;
+// The pure core (always built).
 pub mod configure;
 pub mod fsutil;
 pub mod goalstate;
-mod hooks;
-pub mod lifecycle;
-pub mod localdns;
-pub mod lock;
 pub mod mountinfo;
-pub mod phases;
-pub mod remove;
-mod reset;
 mod restart;
+// Host I/O, behind the default `host` feature.
+#[cfg(feature = "host")]
+pub mod backend;
+#[cfg(feature = "host")]
+mod hooks;
+#[cfg(feature = "host")]
+pub mod lifecycle;
+#[cfg(feature = "host")]
+pub mod localdns;
+#[cfg(feature = "host")]
+pub mod lock;
+#[cfg(feature = "host")]
+pub mod phases;
+#[cfg(feature = "host")]
+pub mod remove;
+#[cfg(feature = "host")]
+mod reset;
+#[cfg(feature = "host")]
 pub mod runner;
+#[cfg(feature = "host")]
 pub mod settle;
+#[cfg(feature = "host")]
 pub mod snapshot;
+#[cfg(feature = "host")]
 pub mod unmount;
 
+#[cfg(feature = "host")]
 pub use hooks::{HookError, Hooks, NetworkHook, SNAPSHOT_NAME, WaitHook};
+#[cfg(feature = "host")]
 pub use reset::{
     ClearReport, ResetError, clear_kubelet_dir, remove_kubelet_state, reset_cni_state,
     reset_kubelet_identity, resolve_kubelet_dir, unmount_kubelet_dir,

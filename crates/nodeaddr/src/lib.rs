@@ -52,20 +52,32 @@
 //! election, the admin listener mirroring the monitor on `/status` and `/metrics`, and
 //! [`Reconciler::run`]) until cancelled.
 //!
+//! Features: `client` (default) builds the reconciler, [`serve`], the monitor and
+//! [`bind_address`]: everything that talks to the API server. Without it the crate is its
+//! pure core (the derivations, routing names and [`plan()`]), with no kube client or tokio
+//! in its tree; `hostnode` and the fuzz targets use it so (`docs/architecture.md`).
+//!
 //! Operations: `docs/nodeaddr.md`.
 
 #![cfg_attr(
     not(test),
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
+// The pure core (always built): derivations, routing names, the address plan.
 mod derive;
 mod plan;
-mod reconciler;
 mod routing;
+// The I/O modules, behind the default `client` feature.
+#[cfg(feature = "client")]
+mod reconciler;
+#[cfg(feature = "client")]
 mod serve;
+#[cfg(feature = "client")]
 mod status;
-pub mod tunnel;
+#[cfg(feature = "client")]
 mod worker;
+// Tunnel client configurations: pure rendering.
+pub mod tunnel;
 
 pub use derive::{
     KubeletPortFunc, PortRange, PortRangeError, derived_kubelet_port, fnv1a32,
@@ -75,6 +87,7 @@ pub use plan::{
     EXTERNAL_IP, PlannedNode, SkipReason, StatusChange, Tunnel, apply_change, first_external_ip,
     observed_kubelet_port, plan, unroute_status, wanted_status,
 };
+#[cfg(feature = "client")]
 pub use reconciler::{
     DEBOUNCE, DEFAULT_INTERVAL, EVENT_CONTROLLER, Error, LEASE_NAME, LEASE_NAMESPACE, Leadership,
     NodeAddressDiagnostic, PassReport, Reconciler, TUNNEL_PROBE_TIMEOUT, always_leader,
@@ -85,6 +98,9 @@ pub use routing::{
     configured_node_name, configured_node_name_env, is_virtual_node, routing_name,
     routing_name_from,
 };
+#[cfg(feature = "client")]
 pub use serve::{ServeError, ServeOptions, serve, serve_on};
+#[cfg(feature = "client")]
 pub use status::{ErrorKind, Monitor, NodeState, Status};
+#[cfg(feature = "client")]
 pub use worker::{BindAddress, BindError, BindSource, bind_address, bind_address_from};

@@ -8,7 +8,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::tokens::{TokenState, is_token_id};
+use crate::tokens::TokenState;
+use common::token::is_token_id;
 
 /// Namespace of the grant Secret.
 pub const NAMESPACE: &str = "kube-system";

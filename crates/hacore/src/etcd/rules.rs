@@ -12,7 +12,7 @@ use std::time::Duration;
 pub const UNHEALTHY_CLUSTER: &str = "etcdserver: unhealthy cluster";
 
 /// How a failed request is to be treated. Computed once, by [`classify`] (and the
-/// client-side wrapper in [`crate::etcd`]), and matched by every caller: no caller looks at
+/// client-side wrapper in `ha::etcd`), and matched by every caller: no caller looks at
 /// an error's text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
