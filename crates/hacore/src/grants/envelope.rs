@@ -594,6 +594,38 @@ mod tests {
     };
 
     #[test]
+    fn keys_that_differ_in_two_bytes_by_the_same_bits_are_different() {
+        // An XOR-accumulating comparison would cancel the two differences out.
+        let a = CertKey::from_hex(&"00".repeat(32)).unwrap();
+        let b = CertKey::from_hex(&format!("0101{}", "00".repeat(30))).unwrap();
+        assert!(!a.same_key(&b));
+        assert!(a.same_key(&a.clone()));
+    }
+
+    #[test]
+    fn an_empty_plaintext_opens_at_exactly_the_minimum_length() {
+        let key = CertKey::generate();
+        let sealed = seal_bytes(&key, BINDING, b"");
+        assert_eq!(sealed.len(), HEADER_LEN + TAG_LEN);
+        assert_eq!(open_bytes(&key, BINDING, &sealed).unwrap(), b"");
+        assert!(matches!(
+            open_bytes(&key, BINDING, &sealed[..sealed.len() - 1]),
+            Err(EnvelopeError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn a_bundle_without_the_encryption_key_says_so_after_the_round_trip() {
+        for carries in [false, true] {
+            let mut b = bundle();
+            b.carries_encryption_key = carries;
+            let back = decode_bundle(&encode_bundle(&b).unwrap()).unwrap();
+            assert_eq!(back.carries_encryption_key, carries);
+            assert_eq!(back, b);
+        }
+    }
+
+    #[test]
     fn seal_then_open_round_trips() {
         let key = CertKey::generate();
         let sealed = seal_bundle(&key, BINDING, &bundle()).unwrap();
