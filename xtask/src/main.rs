@@ -390,8 +390,10 @@ fn ci() -> anyhow::Result<()> {
 /// Fails on a dependency no crate uses (cargo-machete: a dependency whose crate name never
 /// appears in the crate's sources), so an unused one cannot creep back into a build.
 fn unused_dependencies() -> anyhow::Result<()> {
-    let installed = Command::new("cargo")
-        .args(["machete", "--version"])
+    // Run directly, not as `cargo machete`: under `cargo run` (this process's parent),
+    // cargo-machete takes the `machete` argument cargo passes for a path and fails.
+    let installed = Command::new("cargo-machete")
+        .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
     if !installed {
@@ -400,10 +402,19 @@ fn unused_dependencies() -> anyhow::Result<()> {
              (.ci/run does)"
         );
     }
-    cargo(&["machete"]).context(
-        "unused dependencies: remove them from the Cargo.toml files named above, or list a \
-         false positive under [package.metadata.cargo-machete] ignored",
-    )
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    eprintln!("xtask: cargo-machete {}", root.display());
+    let status = Command::new("cargo-machete")
+        .arg(&root)
+        .status()
+        .context("cannot run cargo-machete")?;
+    if !status.success() {
+        bail!(
+            "unused dependencies: remove them from the Cargo.toml files named above, or list a \
+             false positive under [package.metadata.cargo-machete] ignored"
+        );
+    }
+    Ok(())
 }
 
 /// The pure cores: each crate, built without its default features, and what it must never
