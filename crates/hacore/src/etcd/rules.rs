@@ -681,6 +681,64 @@ pub fn judge_members(
 mod tests {
     use super::*;
 
+    /// Every refusal etcd sends, by its gRPC code and exact text, classifies as its
+    /// variant; the same text under another code is not that refusal.
+    #[test]
+    fn every_refusal_classifies_by_code_and_exact_text() {
+        use code::*;
+        let table = [
+            (
+                FAILED_PRECONDITION,
+                "etcdserver: too many learner members in cluster",
+                Refusal::TooManyLearners,
+            ),
+            (UNAVAILABLE, UNHEALTHY_CLUSTER, Refusal::Unhealthy),
+            (
+                FAILED_PRECONDITION,
+                "etcdserver: can only promote a learner member which is in sync with leader",
+                Refusal::LearnerNotReady,
+            ),
+            (
+                FAILED_PRECONDITION,
+                "etcdserver: can only promote a learner member",
+                Refusal::MemberNotLearner,
+            ),
+            (
+                FAILED_PRECONDITION,
+                "etcdserver: re-configuration failed due to not enough started members",
+                Refusal::NotEnoughStarted,
+            ),
+            (
+                FAILED_PRECONDITION,
+                "etcdserver: Peer URLs already exists",
+                Refusal::PeerUrlExists,
+            ),
+            (
+                NOT_FOUND,
+                "etcdserver: member not found",
+                Refusal::MemberNotFound,
+            ),
+            (
+                INVALID_ARGUMENT,
+                "etcdserver: given member URLs are invalid",
+                Refusal::BadUrls,
+            ),
+            (
+                UNAVAILABLE,
+                "etcdserver: rpc not supported for learner",
+                Refusal::NotSupportedForLearner,
+            ),
+        ];
+        for (code, message, want) in table {
+            assert_eq!(Refusal::classify(code, message), Some(want), "{message}");
+            assert_eq!(
+                Refusal::classify(UNKNOWN, message),
+                None,
+                "{message} under UNKNOWN"
+            );
+        }
+    }
+
     fn ok(endpoint: &str, id: u64, leader: u64) -> MemberAnswer {
         MemberAnswer {
             endpoint: endpoint.into(),

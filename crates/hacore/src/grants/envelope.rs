@@ -567,6 +567,19 @@ pub fn open_legacy(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_legacy_entry_of_exactly_nonce_and_tag_is_checked_not_called_truncated() {
+        let key = CertKey::generate();
+        assert!(matches!(
+            open_legacy(&key, &[0u8; 28]),
+            Err(EnvelopeError::Authentication)
+        ));
+        assert_eq!(
+            open_legacy(&key, &[0u8; 27]).unwrap_err(),
+            EnvelopeError::Truncated { len: 27, min: 28 }
+        );
+    }
+
     fn bundle() -> Bundle {
         let mut files = BTreeMap::new();
         files.insert(

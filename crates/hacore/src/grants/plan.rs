@@ -251,6 +251,32 @@ pub fn plan_prune(observed: &Secret, tokens: &BTreeMap<String, TokenState>) -> O
 mod tests {
     use super::*;
 
+    #[test]
+    fn grant_token_ids_lists_only_well_formed_grant_entries_sorted() {
+        let mut data = BTreeMap::new();
+        for key in [
+            "certs-zzzzzz",
+            "certs-abcdef",
+            "certs-BAD!",
+            "key-proof",
+            "certs",
+        ] {
+            data.insert(key.to_string(), ByteString(b"x".to_vec()));
+        }
+        let secret = Secret {
+            data: Some(data),
+            ..Secret::default()
+        };
+        assert_eq!(grant_token_ids(Some(&secret)), ["abcdef", "zzzzzz"]);
+        assert!(grant_token_ids(None).is_empty());
+    }
+
+    #[test]
+    fn the_grant_budget_is_the_api_limit_less_128_kib() {
+        assert_eq!(SECRET_SIZE_LIMIT, 1_048_576);
+        assert_eq!(GRANT_SECRET_BUDGET, 1_048_576 - 131_072);
+    }
+
     fn owner(uid: &str) -> OwnerReference {
         OwnerReference {
             api_version: "v1".into(),
