@@ -509,44 +509,7 @@ fn check_interface(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Replaces every quoted value in a parser message with `<value>`; backquoted field
-/// names stay.
-pub(crate) fn redact_values(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut chars = message.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => {
-                let mut escaped = false;
-                for d in chars.by_ref() {
-                    match d {
-                        '\\' if !escaped => escaped = true,
-                        '"' if !escaped => break,
-                        _ => escaped = false,
-                    }
-                }
-                out.push_str("<value>");
-            }
-            '`' => {
-                let name: String = chars.by_ref().take_while(|d| *d != '`').collect();
-                let field_like = !name.is_empty()
-                    && name.len() <= 40
-                    && name
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-                if field_like {
-                    out.push('`');
-                    out.push_str(&name);
-                    out.push('`');
-                } else {
-                    out.push_str("<value>");
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub(crate) use common::errors::redact_values;
 
 #[cfg(test)]
 mod tests {

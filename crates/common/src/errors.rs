@@ -18,9 +18,60 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     out
 }
 
+/// A parser message with the values of the input left out, so a configuration error can
+/// name the field without echoing a secret: a double-quoted value becomes `<value>`, a
+/// back-quoted name stays only when it looks like a field name (ASCII letters, digits,
+/// `_`, `-`; at most 40 characters).
+pub fn redact_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                let mut escaped = false;
+                for d in chars.by_ref() {
+                    match d {
+                        '\\' if !escaped => escaped = true,
+                        '"' if !escaped => break,
+                        _ => escaped = false,
+                    }
+                }
+                out.push_str("<value>");
+            }
+            '`' => {
+                let name: String = chars.by_ref().take_while(|d| *d != '`').collect();
+                let field_like = !name.is_empty()
+                    && name.len() <= 40
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                if field_like {
+                    out.push('`');
+                    out.push_str(&name);
+                    out.push('`');
+                } else {
+                    out.push_str("<value>");
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redaction_keeps_field_names_and_drops_values() {
+        let m = r#"auth.bootstrapToken: invalid value "abcdef.0123456789abcdef" for `token`, expected `a b`"#;
+        assert_eq!(
+            redact_values(m),
+            "auth.bootstrapToken: invalid value <value> for `token`, expected <value>"
+        );
+        assert_eq!(redact_values(r#""a \" b" x"#), "<value> x");
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("reading the config")]

@@ -95,6 +95,24 @@ pub fn write_atomic(
     mode: u32,
     owner: Option<(u32, u32)>,
 ) -> Result<(), FsError> {
+    write_into_place(path, contents, mode, owner, false).map(|_| ())
+}
+
+/// Like [`write_atomic`], but only when `path` does not exist yet: the temporary is
+/// renamed into place with `RENAME_NOREPLACE`, so of two writers racing to create the
+/// file exactly one wins and the other's bytes never replace it. Returns whether this
+/// call created it (`false`: something was there; nothing was changed).
+pub fn write_atomic_new(path: &Path, contents: &[u8], mode: u32) -> Result<bool, FsError> {
+    write_into_place(path, contents, mode, None, true)
+}
+
+fn write_into_place(
+    path: &Path,
+    contents: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    no_replace: bool,
+) -> Result<bool, FsError> {
     let Some(name) = path.file_name() else {
         return Err(FsError {
             op: "write",
@@ -134,14 +152,30 @@ pub fn write_atomic(
             .map_err(fs_err("chmod", &tmp))?;
         file.write_all(contents).map_err(fs_err("write", &tmp))?;
         file.sync_all().map_err(fs_err("sync", &tmp))?;
-        rustix::fs::renameat(&dir_fd, tmp_name.as_str(), &dir_fd, name)
-            .map_err(errno("rename into place", path))
+        let flags = if no_replace {
+            rustix::fs::RenameFlags::NOREPLACE
+        } else {
+            rustix::fs::RenameFlags::empty()
+        };
+        match rustix::fs::renameat_with(&dir_fd, tmp_name.as_str(), &dir_fd, name, flags) {
+            Ok(()) => Ok(true),
+            Err(rustix::io::Errno::EXIST) if no_replace => Ok(false),
+            Err(e) => Err(errno("rename into place", path)(e)),
+        }
     })();
-    if written.is_err() {
-        let _ = rustix::fs::unlinkat(&dir_fd, tmp_name.as_str(), AtFlags::empty());
-        return written;
+    match written {
+        Ok(true) => {}
+        Ok(false) => {
+            let _ = rustix::fs::unlinkat(&dir_fd, tmp_name.as_str(), AtFlags::empty());
+            return Ok(false);
+        }
+        Err(e) => {
+            let _ = rustix::fs::unlinkat(&dir_fd, tmp_name.as_str(), AtFlags::empty());
+            return Err(e);
+        }
     }
-    rustix::fs::fsync(&dir_fd).map_err(errno("sync directory", dir))
+    rustix::fs::fsync(&dir_fd).map_err(errno("sync directory", dir))?;
+    Ok(true)
 }
 
 /// Removes `path` if it exists (not a directory) and syncs its directory. Returns whether
@@ -258,6 +292,16 @@ mod tests {
             other.exists(),
             "another file's temporary is not ours to remove"
         );
+    }
+
+    #[test]
+    fn a_new_file_is_created_once_and_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("record");
+        assert!(write_atomic_new(&path, b"first", 0o600).unwrap());
+        assert!(!write_atomic_new(&path, b"second", 0o600).unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), b"first");
+        assert!(leftovers(dir.path()).is_empty());
     }
 
     #[test]

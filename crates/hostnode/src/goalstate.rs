@@ -462,7 +462,7 @@ impl AgentConfig {
         let config: AgentConfig =
             serde_yaml::from_str(text).map_err(|err| GoalStateError::Parse {
                 path: path.to_path_buf(),
-                reason: redact_values(&err.to_string()),
+                reason: common::errors::redact_values(&err.to_string()),
             })?;
         config.validate()?;
         Ok(config)
@@ -714,46 +714,6 @@ pub fn check_dns_subdomain(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// A parser message with the values of the input left out: a double-quoted value
-/// becomes `<value>`, a back-quoted name stays only when it looks like a field name
-/// (ASCII letters, digits, `_`, `-`; at most 40 characters).
-fn redact_values(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut chars = message.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => {
-                let mut escaped = false;
-                for d in chars.by_ref() {
-                    match d {
-                        '\\' if !escaped => escaped = true,
-                        '"' if !escaped => break,
-                        _ => escaped = false,
-                    }
-                }
-                out.push_str("<value>");
-            }
-            '`' => {
-                let name: String = chars.by_ref().take_while(|d| *d != '`').collect();
-                let field_like = !name.is_empty()
-                    && name.len() <= 40
-                    && name
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-                if field_like {
-                    out.push('`');
-                    out.push_str(&name);
-                    out.push('`');
-                } else {
-                    out.push_str("<value>");
-                }
-            }
-            _ => out.push(c),
-        }
-    }
-    out
 }
 
 fn valid_token(token: &str) -> bool {

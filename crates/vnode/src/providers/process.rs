@@ -153,6 +153,13 @@ impl ProcessProvider {
         serde_json::from_slice(&bytes).ok()
     }
 
+    /// Records `rec` only when `dir` has no record yet; whether it did.
+    fn write_new_record(dir: &Path, rec: &Record) -> Result<bool, ProviderError> {
+        let bytes = serde_json::to_vec(rec).map_err(|e| failed("adopt", e.to_string()))?;
+        common::fsutil::write_atomic_new(&dir.join(RECORD), &bytes, 0o600)
+            .map_err(|e| failed("adopt", common::error_chain(&e)))
+    }
+
     fn write_record(dir: &Path, rec: &Record) -> Result<(), ProviderError> {
         let bytes = serde_json::to_vec(rec).map_err(|e| failed("provision", e.to_string()))?;
         common::fsutil::write_atomic(&dir.join(RECORD), &bytes, 0o600, None)
@@ -379,9 +386,20 @@ impl ProcessProvider {
                     env: Vec::new(),
                     working_dir: dir.join("root"),
                 };
-                Self::write_record(&dir, &rec).map_err(|e| ProviderError::Unreachable {
-                    reason: format!("recording adopted process {pid}: {e}"),
-                })?;
+                // Only if still unrecorded: a provision finishing meanwhile writes the
+                // full record (with the pod's environment), which this must not replace.
+                let created =
+                    Self::write_new_record(&dir, &rec).map_err(|e| ProviderError::Unreachable {
+                        reason: format!("recording adopted process {pid}: {e}"),
+                    })?;
+                let rec = if created {
+                    rec
+                } else {
+                    match Self::read_record(&dir) {
+                        Some(r) => r,
+                        None => continue,
+                    }
+                };
                 self.remember(&rec);
                 out.push(self.instance_of(&dir, &rec));
             }
