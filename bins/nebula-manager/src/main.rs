@@ -82,19 +82,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         })?),
         Err(_) => None,
     };
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig: pass --kubeconfig, set KUBECONFIG, or run in a cluster")?,
-    };
-    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let client = cmdline::kube_client(args.kubeconfig.as_deref()).await?;
     let cfg = ManagerConfig {
         providers: args.providers,
         state_dir: args.state_dir,

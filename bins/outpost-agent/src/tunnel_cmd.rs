@@ -123,7 +123,7 @@ pub async fn tunnel_config(args: TunnelConfigArgs) -> anyhow::Result<ExitCode> {
             let bind = match (args.remote_bind, &args.kubeconfig) {
                 (Some(ip), _) => ip,
                 (None, Some(path)) => {
-                    let client = client(path).await?;
+                    let client = cmdline::kube_client(Some(path)).await?;
                     let found = nodeaddr::bind_address(client, node_name, range)
                         .await
                         .map_err(|e| anyhow::anyhow!(nodeaddr::error_chain(&e)))?;
@@ -196,15 +196,6 @@ async fn from_agent_config(
     let tunnel = agent::tunnel::resolve(t, &config.node_name, client.as_ref()).await;
     print!("{}", tunnel.render());
     Ok(ExitCode::SUCCESS)
-}
-
-async fn client(path: &std::path::Path) -> anyhow::Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(path)
-        .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .with_context(|| format!("cannot use kubeconfig {}", path.display()))?;
-    kube::Client::try_from(config).context("cannot build the Kubernetes client")
 }
 
 fn check_name(name: &str) -> anyhow::Result<()> {

@@ -3,14 +3,12 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use nodeaddr::{
-    NodeAddressDiagnostic, NodeState, PassReport, PortRange, Reconciler, Status, Tunnel,
-};
+use nodeaddr::{NodeAddressDiagnostic, PortRange, Reconciler, Status, Tunnel};
 
 /// Exit code when a node is unpatched, collides or has its tunnel down.
 pub const EXIT_NEEDS_ATTENTION: u8 = 3;
@@ -78,7 +76,7 @@ pub struct ReconcileArgs {
     pub cluster: ClusterArgs,
     /// Resync interval (e.g. 30s, 1m). Node watch events trigger passes in between; a
     /// resync plans from the watch's store and sends nothing unless a node differs.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "30s", value_parser = cmdline::parse_interval, value_name = "DURATION")]
     pub interval: Duration,
     /// Admin listener: /metrics (Prometheus text) and /status (the liveness snapshot as
     /// JSON). Read it with `nodes diagnostics --admin http://ADDR`.
@@ -94,14 +92,14 @@ pub struct ReconcileArgs {
     pub identity: Option<String>,
     /// How long a standby waits, after the last change of the Lease it saw, before it
     /// takes over.
-    #[arg(long, default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "15s", value_parser = cmdline::parse_interval, value_name = "DURATION")]
     pub lease_duration: Duration,
     /// How long after its last successful renewal the holder still writes (shorter than
     /// --lease-duration, so it stops before a standby can start).
-    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "10s", value_parser = cmdline::parse_interval, value_name = "DURATION")]
     pub lease_renew_deadline: Duration,
     /// How often to try to acquire or renew the Lease (shorter than the renew deadline).
-    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "2s", value_parser = cmdline::parse_interval, value_name = "DURATION")]
     pub lease_retry: Duration,
 }
 
@@ -128,15 +126,6 @@ pub struct DiagnosticsArgs {
     pub admin: Option<String>,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s)
-        .map_err(|e| format!("{e}: write a duration such as 30s, 2m or 1h"))?;
-    if d.is_zero() {
-        return Err("the interval must be longer than zero".into());
-    }
-    Ok(d)
-}
-
 pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
         Command::Reconcile(args) => reconcile(args).await,
@@ -147,29 +136,12 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
 async fn reconciler(cluster: &ClusterArgs) -> anyhow::Result<Reconciler> {
     let range = PortRange::new(cluster.port_base, cluster.port_slots)
         .context("invalid --port-base/--port-slots")?;
-    let client = client(cluster.kubeconfig.as_deref()).await?;
+    let client = cmdline::kube_client(cluster.kubeconfig.as_deref()).await?;
     let mut r = Reconciler::new(client);
     r.port_for = nodeaddr::port_func(range);
     r.tunnel = cluster.tunnel.into();
     r.require_tunnel = cluster.require_tunnel;
     Ok(r)
-}
-
-async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .with_context(|| format!("cannot use kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::infer().await.context(
-            "no cluster configuration: pass --kubeconfig, set KUBECONFIG, \
-             or run inside a pod with a service account",
-        )?,
-    };
-    kube::Client::try_from(config).context("cannot build the Kubernetes client")
 }
 
 async fn reconcile(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
@@ -202,7 +174,7 @@ async fn reconcile(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
 async fn once(r: &Reconciler) -> ExitCode {
     match r.once().await {
         Ok(report) => {
-            println!("{}", summary(&report));
+            println!("{report}");
             if report.needs_attention() {
                 ExitCode::from(EXIT_NEEDS_ATTENTION)
             } else {
@@ -210,7 +182,7 @@ async fn once(r: &Reconciler) -> ExitCode {
             }
         }
         Err(nodeaddr::Error::Writes { report, first, .. }) => {
-            println!("{}", summary(&report));
+            println!("{report}");
             eprintln!(
                 "error: some node status writes failed; first: {}",
                 nodeaddr::error_chain(&*first)
@@ -222,21 +194,6 @@ async fn once(r: &Reconciler) -> ExitCode {
             ExitCode::from(EXIT_CANNOT_ASK)
         }
     }
-}
-
-fn summary(report: &PassReport) -> String {
-    let states: Vec<String> = report
-        .states
-        .iter()
-        .map(|(s, n)| format!("{}={n}", s.as_str()))
-        .collect();
-    format!(
-        "nodes={} writes={} conflicts={} {}",
-        report.nodes,
-        report.writes,
-        report.conflicts,
-        states.join(" ")
-    )
 }
 
 async fn diagnostics(args: DiagnosticsArgs) -> anyhow::Result<ExitCode> {
@@ -292,14 +249,6 @@ fn write_table(
         "STATE".into(),
     ]];
     for r in rows {
-        let state = match r.state {
-            NodeState::Ok => "ok".to_string(),
-            NodeState::Unpatched => "UNPATCHED".to_string(),
-            NodeState::Colliding => format!("COLLIDES with {}", r.collides_with.join(",")),
-            NodeState::TunnelDown => "TUNNEL DOWN".to_string(),
-            NodeState::Virtual => "skipped (virtual)".to_string(),
-            NodeState::PortUnknown => "skipped (port unknown)".to_string(),
-        };
         table.push([
             r.node_name.clone(),
             r.routing_name.clone(),
@@ -307,7 +256,7 @@ fn write_table(
             opt(&r.observed_external_ip),
             port(r.expected_kubelet_port),
             port(r.observed_kubelet_port),
-            state,
+            r.state_text(),
         ]);
     }
     let mut widths = [0usize; 7];
@@ -355,59 +304,34 @@ fn write_table(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nodeaddr::NodeState;
 
     #[test]
-    fn durations_parse_human_style() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("soon").unwrap_err().contains("30s"));
-    }
-
-    #[test]
-    fn table_marks_each_state() {
-        let row =
-            |name: &str, patched: bool, coll: &[&str], skipped, state| NodeAddressDiagnostic {
-                node_name: name.into(),
-                routing_name: name.into(),
-                expected_external_ip: Some("127.0.0.9".into()),
-                observed_external_ip: patched.then(|| "127.0.0.9".into()),
-                expected_kubelet_port: Some(20001),
-                observed_kubelet_port: patched.then_some(20001),
-                patched,
-                skipped,
-                collides_with: coll.iter().map(|s| s.to_string()).collect(),
-                state,
-            };
+    fn table_aligns_columns_and_says_when_the_reconciler_was_not_asked() {
+        let row = |name: &str, state| NodeAddressDiagnostic {
+            node_name: name.into(),
+            routing_name: name.into(),
+            expected_external_ip: Some("127.0.0.9".into()),
+            observed_external_ip: None,
+            expected_kubelet_port: Some(20001),
+            observed_kubelet_port: None,
+            patched: false,
+            skipped: None,
+            collides_with: vec!["d".into()],
+            state,
+        };
         let rows = [
-            row("a", true, &[], None, NodeState::Ok),
-            row("b", false, &[], None, NodeState::Unpatched),
-            row("c", true, &["d"], None, NodeState::Colliding),
-            row(
-                "t",
-                false,
-                &[],
-                Some(nodeaddr::SkipReason::TunnelDown),
-                NodeState::TunnelDown,
-            ),
-            row(
-                "v",
-                false,
-                &[],
-                Some(nodeaddr::SkipReason::Virtual),
-                NodeState::Virtual,
-            ),
+            row("a-long-name", NodeState::Unpatched),
+            row("c", NodeState::Colliding),
         ];
         let mut buf = Vec::new();
         write_table(&mut buf, &rows, None).unwrap();
         let text = String::from_utf8(buf).unwrap();
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].starts_with("NODE"));
-        assert!(lines[1].ends_with("ok"), "{text}");
-        assert!(lines[2].ends_with("UNPATCHED"), "{text}");
-        assert!(lines[3].ends_with("COLLIDES with d"), "{text}");
-        assert!(lines[4].ends_with("TUNNEL DOWN"), "{text}");
-        assert!(lines[5].ends_with("skipped (virtual)"), "{text}");
+        assert!(lines[0].starts_with("NODE         ROUTING-NAME"), "{text}");
+        assert!(lines[1].ends_with("UNPATCHED"), "{text}");
+        assert!(lines[2].starts_with("c            c "), "{text}");
+        assert!(lines[2].ends_with("COLLIDES with d"), "{text}");
         assert!(text.contains("not asked (pass --admin"));
     }
 }

@@ -6,8 +6,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
-
 /// Flags of `stratum-server operator`.
 #[derive(Debug, clap::Args)]
 pub struct OperatorArgs {
@@ -15,7 +13,7 @@ pub struct OperatorArgs {
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// Time between passes (e.g. 1m, 30s).
-    #[arg(long, default_value = "1m", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "1m", value_parser = cmdline::parse_interval, value_name = "DURATION")]
     pub interval: Duration,
     /// Run one pass, print its report as JSON, and exit (no election).
     #[arg(long)]
@@ -28,28 +26,8 @@ pub struct OperatorArgs {
     pub identity: Option<String>,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e}: write a duration such as 30s or 1m"))
-}
-
-async fn client(path: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
-    let config = match path {
-        Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p)
-                .with_context(|| format!("cannot read kubeconfig {}", p.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .with_context(|| format!("cannot use kubeconfig {}", p.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("cannot find a kubeconfig: pass --kubeconfig or set KUBECONFIG")?,
-    };
-    kube::Client::try_from(config).context("cannot build an API client")
-}
-
 pub async fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
-    let client = client(args.kubeconfig.as_ref()).await?;
+    let client = cmdline::kube_client(args.kubeconfig.as_deref()).await?;
     if args.once {
         let report = ha::operator::pass(&client, chrono::Utc::now()).await?;
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -79,6 +79,37 @@ fn report(line: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// A Kubernetes client from `--kubeconfig` when given, else the usual inference
+/// (`$KUBECONFIG`, `~/.kube/config`, the in-cluster service account), with errors that
+/// say which file failed and what to pass instead.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    use anyhow::Context as _;
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("cannot use kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "no cluster configuration: pass --kubeconfig, set KUBECONFIG, \
+             or run inside a pod with a service account",
+        )?,
+    };
+    kube::Client::try_from(config).context("cannot build the Kubernetes client")
+}
+
+/// An interval flag (`30s`, `2m`, `1h30m`; humantime), longer than zero.
+pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{e}: write a duration such as 30s, 2m or 1h"))?;
+    if d.is_zero() {
+        return Err("the interval must be longer than zero".into());
+    }
+    Ok(d)
+}
+
 /// Installs ring as rustls' process-wide crypto provider. Call once at the start of `main`,
 /// before any TLS client or server is built; a second call is a no-op.
 pub fn install_crypto_provider() {
@@ -141,5 +172,19 @@ pub fn block_on(
             report(format_args!("error: cannot start the async runtime: {err}"));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn intervals_parse_human_style_and_are_never_zero() {
+        assert_eq!(parse_interval("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_interval("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("soon").unwrap_err().contains("30s"));
     }
 }

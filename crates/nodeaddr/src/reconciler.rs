@@ -168,6 +168,22 @@ impl PassReport {
     }
 }
 
+/// One line: `nodes=N writes=N conflicts=N <state>=N ...`, what `nodes reconcile --once`
+/// prints.
+impl std::fmt::Display for PassReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "nodes={} writes={} conflicts={}",
+            self.nodes, self.writes, self.conflicts
+        )?;
+        for (state, n) in &self.states {
+            write!(f, " {}={n}", state.as_str())?;
+        }
+        Ok(())
+    }
+}
+
 /// One diagnostic row: deterministic, secret-free addressing state of a node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct NodeAddressDiagnostic {
@@ -202,6 +218,19 @@ pub struct NodeAddressDiagnostic {
 }
 
 impl NodeAddressDiagnostic {
+    /// The state as an operator reads it in a table: upper case where it needs attention,
+    /// naming the nodes a route collides with.
+    pub fn state_text(&self) -> String {
+        match self.state {
+            NodeState::Ok => "ok".to_string(),
+            NodeState::Unpatched => "UNPATCHED".to_string(),
+            NodeState::Colliding => format!("COLLIDES with {}", self.collides_with.join(",")),
+            NodeState::TunnelDown => "TUNNEL DOWN".to_string(),
+            NodeState::Virtual => "skipped (virtual)".to_string(),
+            NodeState::PortUnknown => "skipped (port unknown)".to_string(),
+        }
+    }
+
     /// Whether an operator should look at this node: a routed node that is not patched,
     /// whose route collides, or whose tunnel is down.
     pub fn needs_attention(&self) -> bool {
@@ -1190,5 +1219,61 @@ async fn publish_events(
 ) {
     while let Some((node, ev)) = rx.recv().await {
         publish(&recorder, &monitor, &node, &ev).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(state: NodeState, collides_with: &[&str]) -> NodeAddressDiagnostic {
+        NodeAddressDiagnostic {
+            node_name: "n".into(),
+            routing_name: "n".into(),
+            expected_external_ip: None,
+            observed_external_ip: None,
+            expected_kubelet_port: None,
+            observed_kubelet_port: None,
+            patched: false,
+            skipped: None,
+            collides_with: collides_with.iter().map(|s| s.to_string()).collect(),
+            state,
+        }
+    }
+
+    #[test]
+    fn each_state_reads_as_an_operator_expects() {
+        let cases = [
+            (row(NodeState::Ok, &[]), "ok"),
+            (row(NodeState::Unpatched, &[]), "UNPATCHED"),
+            (row(NodeState::Colliding, &["d", "e"]), "COLLIDES with d,e"),
+            (row(NodeState::TunnelDown, &[]), "TUNNEL DOWN"),
+            (row(NodeState::Virtual, &[]), "skipped (virtual)"),
+            (row(NodeState::PortUnknown, &[]), "skipped (port unknown)"),
+        ];
+        for (r, want) in cases {
+            assert_eq!(r.state_text(), want);
+        }
+    }
+
+    #[test]
+    fn a_pass_summarises_on_one_line_with_every_state_counted() {
+        let mut report = PassReport {
+            nodes: 3,
+            writes: 2,
+            conflicts: 1,
+            ..PassReport::default()
+        };
+        report.states.insert(NodeState::Ok, 2);
+        report.states.insert(NodeState::Unpatched, 1);
+        assert_eq!(
+            report.to_string(),
+            format!(
+                "nodes=3 writes=2 conflicts=1 {}=2 {}=1",
+                NodeState::Ok.as_str(),
+                NodeState::Unpatched.as_str()
+            )
+        );
+        assert!(report.needs_attention());
     }
 }
