@@ -119,34 +119,35 @@ pub fn install_crypto_provider() {
 /// Returns a token cancelled on the first SIGINT or SIGTERM. A second signal exits the
 /// process at once with status 130, for an operator whose graceful shutdown is stuck.
 pub fn shutdown_token() -> CancellationToken {
+    use tokio::signal::unix::{SignalKind, signal};
     let token = CancellationToken::new();
     let child = token.clone();
+    // Registered here, before returning, not in the task: a signal that arrives while the
+    // caller starts up is then a clean shutdown, never the default action's kill.
+    let signals = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    );
     tokio::spawn(async move {
-        wait_for_signal().await;
+        // Without signal handlers the process still dies on the default action.
+        let (Ok(mut term), Ok(mut int)) = signals else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
         // Cancel first: nothing after the signal may stand between it and the shutdown.
         child.cancel();
         tracing::info!("shutdown requested; send the signal again to exit at once");
-        wait_for_signal().await;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
         tracing::warn!("second shutdown signal: exiting without waiting");
         std::process::exit(130);
     });
     token
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers the process still dies on the default action.
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }
 
 /// Turns a command's result into the process exit code: the command's own code on success,

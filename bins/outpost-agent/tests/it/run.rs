@@ -139,12 +139,16 @@ async fn sigterm_ends_the_agent_whose_stderr_was_closed() {
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the agent logs that it waits for its kubeconfig")
-        .unwrap()
-        .unwrap();
-    assert!(first.contains("waiting for the kubeconfig"), "{first}");
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("waiting for the kubeconfig") {
+                return;
+            }
+        }
+        panic!("the agent's stderr ended before it said it waits for its kubeconfig");
+    })
+    .await
+    .expect("the agent logs that it waits for its kubeconfig");
     drop(lines);
     kill(Pid::from_raw(child.id().unwrap() as i32), Signal::SIGTERM).unwrap();
     let exit = tokio::time::timeout(Duration::from_secs(5), child.wait())
