@@ -5,6 +5,7 @@
 //! - [`grants::plan`]: which grant entries a Secret keeps, its size budget, its owners.
 //! - [`etcd::rules`]: the classifier of etcd failures and the membership and health rules.
 //! - [`tokens::TokenState`]: what a bootstrap token Secret's state is judged to be.
+//! - [`fence`]: the maintenance fence Lease: who holds it, take, renew, release.
 //!
 //! `ha` re-exports each at its old path (`ha::grants::envelope`, `ha::grants::plan`,
 //! `ha::etcd::rules`, `ha::tokens::TokenState`), so callers keep using those; the fuzz
@@ -27,4 +28,5 @@ pub mod etcd {
     pub mod rules;
 }
 
+pub mod fence;
 pub mod tokens;
