@@ -152,7 +152,11 @@ impl Fence {
             };
             match written {
                 Ok(_) => {
-                    tracing::info!(lease = FENCE_LEASE, holder = identity, "maintenance fence taken");
+                    tracing::info!(
+                        lease = FENCE_LEASE,
+                        holder = identity,
+                        "maintenance fence taken"
+                    );
                     return Ok(Fence {
                         client: client.clone(),
                         identity: identity.to_string(),

@@ -248,7 +248,13 @@ mod tests {
         std::os::unix::fs::symlink(&target, dir.path().join(MAINTENANCE_LOCK_FILE)).unwrap();
         let err = NodeLock::acquire(dir.path(), "rejoin").unwrap_err();
         assert!(
-            matches!(err, MaintenanceError::Io { op: "open the lock file", .. }),
+            matches!(
+                err,
+                MaintenanceError::Io {
+                    op: "open the lock file",
+                    ..
+                }
+            ),
             "{err:?}"
         );
         assert_eq!(std::fs::read(&target).unwrap(), b"keep me");

@@ -45,7 +45,9 @@ fn expiry(spec: &LeaseSpec) -> Option<Timestamp> {
         .or(spec.acquire_time.as_ref())
         .map(|t| t.0)?;
     let seconds = spec.lease_duration_seconds?;
-    renewed.checked_add(SignedDuration::from_secs(i64::from(seconds.max(0)))).ok()
+    renewed
+        .checked_add(SignedDuration::from_secs(i64::from(seconds.max(0))))
+        .ok()
 }
 
 /// Who holds `lease` (absent: nobody) at `now`, as seen by `me`.
@@ -193,7 +195,10 @@ mod tests {
         assert_eq!(spec.acquire_time, Some(MicroTime(at(0))), "not a new term");
         assert_eq!(spec.lease_transitions, Some(2));
         // Run out: renew refuses (the caller lost it), though take would succeed.
-        assert_eq!(renew(Some(&mine), "me", at(61)).unwrap_err(), FenceState::Free);
+        assert_eq!(
+            renew(Some(&mine), "me", at(61)).unwrap_err(),
+            FenceState::Free
+        );
         // Taken over.
         let theirs = held("other", 40);
         assert!(matches!(

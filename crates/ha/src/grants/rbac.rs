@@ -277,7 +277,10 @@ mod tests {
         assert_eq!(rules[0].resource_names.as_deref().unwrap(), [SECRET_NAME]);
         assert_eq!(rules[0].resources.as_deref().unwrap(), ["secrets"]);
         assert_eq!(rules[1].verbs, ["get", "update"]);
-        assert_eq!(rules[1].api_groups.as_deref().unwrap(), ["coordination.k8s.io"]);
+        assert_eq!(
+            rules[1].api_groups.as_deref().unwrap(),
+            ["coordination.k8s.io"]
+        );
         assert_eq!(rules[1].resources.as_deref().unwrap(), ["leases"]);
         assert_eq!(
             rules[1].resource_names.as_deref().unwrap(),

@@ -609,7 +609,10 @@ mod tests {
         assert_eq!(legacy_token_id(Some(&second)).as_deref(), Some("bbbbbb"));
         // bbbbbb expires while aaaaaa keeps the Secret alive: its grant and the legacy
         // entry sealed under its key both go.
-        let tokens = states(&[("aaaaaa", TokenState::Live), ("bbbbbb", TokenState::Expired)]);
+        let tokens = states(&[
+            ("aaaaaa", TokenState::Live),
+            ("bbbbbb", TokenState::Expired),
+        ]);
         assert_eq!(
             expired_grant_entries(Some(&second), &tokens),
             BTreeSet::from(["certs".to_string(), "certs-bbbbbb".to_string()])
