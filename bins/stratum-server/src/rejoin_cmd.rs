@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ha::etcd::learner::Queueing;
+use ha::node::{self, RunOptions};
 use ha::nodestate::NodeConfig;
 use ha::rejoin::{self, RejoinOptions};
 
@@ -24,6 +25,10 @@ pub struct RejoinArgs {
     /// Node config (YAML): etcd ports, binary and timeouts, as given to `up`.
     #[arg(long, value_name = "F")]
     pub config: Option<PathBuf>,
+    /// Kubeconfig for the API writes once the node runs (its etcd endpoint record);
+    /// default: admin.conf beside the node's PKI directory.
+    #[arg(long, value_name = "K")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 pub async fn run(args: RejoinArgs) -> anyhow::Result<ExitCode> {
@@ -34,7 +39,7 @@ pub async fn run(args: RejoinArgs) -> anyhow::Result<ExitCode> {
             data_dir: args.data_dir.clone(),
             server: args.server,
             force: args.force,
-            config,
+            config: config.clone(),
             queueing: Queueing::default(),
         },
         |line| println!("{line}"),
@@ -48,12 +53,27 @@ pub async fn run(args: RejoinArgs) -> anyhow::Result<ExitCode> {
         );
     }
     println!(
-        "rejoined the cluster at {}{}; start this node with `stratum-server up --data-dir {} ...`",
+        "rejoined the cluster at {}{}; running this node as `stratum-server up` would (SIGTERM \
+         stops it; `up` starts it again)",
         done.seed,
         done.member_id
             .map(|id| format!(" as member {id:x}"))
             .unwrap_or_default(),
-        args.data_dir.display()
     );
+    // Run it now: a voter left stopped costs a two-member cluster its quorum.
+    let kubeconfig = args
+        .kubeconfig
+        .unwrap_or_else(|| pki::default_kubeconfig_dir(&done.state.pki_dir).join("admin.conf"));
+    node::run_node(
+        done.state,
+        RunOptions {
+            data_dir: args.data_dir,
+            config,
+            api_kubeconfig: Some(kubeconfig),
+            first_join_start: false,
+        },
+        &cancel,
+    )
+    .await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -13,8 +13,9 @@
 //!    already has this node's peer URL: a lost answer or an earlier run) and rewrites the
 //!    node state as a joining member (`existing`, learner);
 //! 4. starts etcd through the supervisor, waits for it to answer, promotes it once it has
-//!    caught up, records the promotion in the node state, and stops it again:
-//!    `stratum-server up` runs it from then on.
+//!    caught up, records the promotion in the node state, and stops it again. The command
+//!    then runs the node as `up` does ([`crate::node::run_node`]) at once: with two voters,
+//!    a member left stopped would cost the seed's cluster its quorum.
 //!
 //! Each step is journaled in `<state-dir>/rejoin.json` before the next; a re-run resumes
 //! where the last one stopped ([`hacore::rejoin::plan_rejoin`]), and never wipes data the
@@ -159,6 +160,8 @@ pub struct Rejoined {
     pub member_id: Option<u64>,
     /// Where the old data was moved.
     pub old_data: Option<PathBuf>,
+    /// The node state as the rejoin left it: what [`crate::node::run_node`] starts next.
+    pub state: NodeState,
 }
 
 fn journal_path(data_dir: &Path) -> PathBuf {
@@ -449,6 +452,7 @@ pub async fn rejoin_etcd(
         resumed,
         member_id,
         old_data,
+        state,
     })
 }
 
