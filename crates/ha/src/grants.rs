@@ -8,7 +8,7 @@
 //! | data key | what |
 //! |---|---|
 //! | `certs-<token-id>` | one grant: a versioned envelope ([`envelope`]) sealed under that mint's key, bound to the Secret, the entry name and the token id |
-//! | `certs` | the legacy flat file map, sealed under the newest key, for joiners that read only it |
+//! | `certs` | the legacy flat file map, sealed under the newest key, for joiners that read only it; dropped with the token whose mint sealed it (annotation `outpost.dhnt.io/legacy-entry-token`), so that key opens nothing once its token is over |
 //! | `key-proof` | present when the newest bundle carries the at-rest encryption config: opens only under that config ([`published_bundle_carries_key`]) |
 //!
 //! The joiner reads the Secret with its bootstrap token (the reader Role lets only the

@@ -277,12 +277,13 @@ pub async fn rejoin_etcd(
             reason,
         }
     })?;
-    let (_, seed_members) = learner::linearizable_member_list(&etcd_opts, &[seed.clone()])
-        .await
-        .map_err(|reason| RejoinError::SeedUnreachable {
-            seed: seed.clone(),
-            reason,
-        })?;
+    let (_, seed_members) =
+        learner::linearizable_member_list(&etcd_opts, std::slice::from_ref(&seed))
+            .await
+            .map_err(|reason| RejoinError::SeedUnreachable {
+                seed: seed.clone(),
+                reason,
+            })?;
     let in_seed = seed_members
         .iter()
         .find(|m| m.peer_urls.contains(&state.etcd.peer_url))
