@@ -314,3 +314,72 @@ async fn a_second_maintenance_command_refuses_naming_the_first() -> anyhow::Resu
     ensure!(!ok && out.contains("has no node state"), "{out}");
     Ok(())
 }
+
+/// Gives node `i` the shared PKI of node 0 (its own leaves are issued by its `up`).
+fn share_pki(c: &Cluster, i: usize) -> anyhow::Result<()> {
+    for rel in pki::SHARED_FILES {
+        let to = c.nodes[i].pki().join(rel);
+        std::fs::create_dir_all(to.parent().context("parent")?)?;
+        std::fs::copy(c.nodes[0].pki().join(rel), &to)?;
+    }
+    Ok(())
+}
+
+/// A rejoin refuses to wipe a member of an old cluster that still has quorum, having
+/// changed nothing; `--force` goes ahead. Three single-member clusters from one PKI: cp1
+/// is the "old" cluster (running, quorate), cp2 the restored seed, cp3 the node whose
+/// state says it was a member of cp1's cluster.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rejoin_refuses_while_the_old_cluster_has_quorum_unless_forced() -> anyhow::Result<()> {
+    let mut c = Cluster::new().await?;
+    let mut p1 = c.bootstrap().await?;
+    c.plan(None, "60s")?;
+    c.plan(None, "60s")?;
+    share_pki(&c, 1)?;
+    share_pki(&c, 2)?;
+    let mut seed = c.up(1)?;
+    seed.wait_log("bootstrap objects in place").await?;
+    let mut p3 = c.up(2)?;
+    p3.wait_log("bootstrap objects in place").await?;
+    stop(&mut p3).await?;
+    // cp3 recorded cp1's cluster when it joined it.
+    let state_file = c.nodes[2].data().join("node-state.json");
+    let mut state: serde_json::Value = serde_json::from_slice(&std::fs::read(&state_file)?)?;
+    state["cluster_endpoints"] = serde_json::json!([c.nodes[0].client_url]);
+    std::fs::write(&state_file, serde_json::to_vec_pretty(&state)?)?;
+    let before = std::fs::read_dir(c.nodes[2].data().join("etcd"))?.count();
+
+    let mut args = vec![
+        "rejoin".to_string(),
+        "--server".into(),
+        c.nodes[1].client_url.clone(),
+        "--data-dir".into(),
+        s(c.nodes[2].data()),
+        "--config".into(),
+        s(c.nodes[2].config()),
+    ];
+    let (ok, out) = run(&args)?;
+    ensure!(!ok, "a rejoin wiped a member of a quorate cluster: {out}");
+    ensure!(
+        out.contains("the old etcd cluster still has quorum")
+            && out.contains(&c.nodes[0].client_url),
+        "{out}"
+    );
+    ensure!(std::fs::read_dir(c.nodes[2].data().join("etcd"))?.count() == before);
+    ensure!(!c.nodes[2].data().join("rejoin.json").exists());
+
+    args.push("--force".into());
+    let mut forced = spawn("rejoin --force", &args, &[])?;
+    forced.wait_log("running this node").await?;
+    ensure!(
+        forced.log().contains("going ahead because of --force"),
+        "{}",
+        forced.log()
+    );
+    let members = c
+        .wait_voters(&["cp2", "cp3"], &[1], &mut [&mut seed, &mut forced])
+        .await?;
+    ensure!(members.len() == 2, "{members:?}");
+    stop(&mut p1).await?;
+    Ok(())
+}
