@@ -18,6 +18,31 @@ pub enum Command {
     /// Report every certificate's expiry (and the shared certificate-key's age); exits
     /// non-zero when any certificate expires within --warn-within or cannot be read.
     Check(CheckArgs),
+    /// Seal the shared certs under a fresh certificate-key and retire every earlier one
+    /// (every pending control-plane join command stops working: mint new ones), under the
+    /// node maintenance lock and the cluster's maintenance fence.
+    Rekey(RekeyArgs),
+}
+
+/// `stratum-server certs rekey`.
+#[derive(Debug, clap::Args)]
+pub struct RekeyArgs {
+    /// The PKI directory holding the shared files.
+    #[arg(long, default_value = pki::DEFAULT_PKI_DIR)]
+    pub pki_dir: PathBuf,
+    /// An admin kubeconfig (default: $KUBECONFIG, then in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's data directory: where the node maintenance lock lives.
+    #[arg(long, value_name = "D", default_value = "/var/lib/stratum")]
+    pub data_dir: PathBuf,
+    /// Write the new certificate-key to this file (0600; it must not exist) instead of
+    /// printing it.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The fence holder's identity (default: host name and pid).
+    #[arg(long)]
+    pub identity: Option<String>,
 }
 
 /// Output format.
@@ -92,7 +117,53 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
         Command::Generate(args) => generate(args),
         Command::Check(args) => check(args).await,
+        Command::Rekey(args) => rekey(args).await,
     }
+}
+
+async fn rekey(args: RekeyArgs) -> anyhow::Result<ExitCode> {
+    if let Some(file) = &args.key_file {
+        anyhow::ensure!(
+            file.symlink_metadata().is_err(),
+            "{} exists: the key file is never replaced; choose another name. Nothing was changed",
+            file.display()
+        );
+    }
+    let client = cmdline::kube_client(args.kubeconfig.as_deref()).await?;
+    let done = ha::rekey::rekey_certs(
+        &client,
+        &ha::rekey::RekeyOptions {
+            pki_dir: args.pki_dir,
+            state_dir: args.data_dir,
+            identity: args
+                .identity
+                .unwrap_or_else(daemon::lease::default_identity),
+        },
+        |line| eprintln!("{line}"),
+    )
+    .await?;
+    match &args.key_file {
+        Some(file) => {
+            let created = common::fsutil::write_atomic_new(
+                file,
+                format!("{}\n", done.key.to_hex()).as_bytes(),
+                0o600,
+            )?;
+            anyhow::ensure!(
+                created,
+                "{} appeared during the rekey and was left alone; the new key is published                  but not saved: run the rekey again",
+                file.display()
+            );
+            println!("certificate-key written to {}", file.display());
+        }
+        None => {
+            eprintln!(
+                "warning: the certificate-key decrypts the CA private keys; keep it like one"
+            );
+            println!("certificate-key: {}", done.key.to_hex());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn host_name() -> anyhow::Result<String> {

@@ -14,6 +14,8 @@ mod etcd_cmd;
 mod join_cmd;
 mod nodes_cmd;
 mod operator_cmd;
+mod rejoin_cmd;
+mod snapshot_cmd;
 mod token_cmd;
 mod up_cmd;
 
@@ -48,6 +50,11 @@ enum Command {
     Join(join_cmd::JoinArgs),
     /// Prune expired cert grants and report the certificate-key's age, on an interval.
     Operator(operator_cmd::OperatorArgs),
+    /// Save an etcd snapshot, or restore one on the seed node.
+    #[command(subcommand)]
+    Snapshot(snapshot_cmd::Command),
+    /// Re-add this control plane's etcd to a cluster restored on the seed.
+    Rejoin(rejoin_cmd::RejoinArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +70,8 @@ fn main() -> ExitCode {
             Command::Up(args) => up_cmd::run(args).await,
             Command::Join(args) => join_cmd::run(args).await,
             Command::Operator(args) => operator_cmd::run(args).await,
+            Command::Snapshot(cmd) => snapshot_cmd::run(cmd).await,
+            Command::Rejoin(args) => rejoin_cmd::run(args).await,
         }
     })
 }

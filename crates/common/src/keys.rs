@@ -47,6 +47,10 @@ pub fn virtual_node_name(provider: &str) -> String {
 pub const KEY_SET_AT_ANNOTATION: &str = "outpost.dhnt.io/certificate-key-set-at";
 /// Secret annotation: the generation of the grant bundle, bumped at each rekey.
 pub const GENERATION_ANNOTATION: &str = "outpost.dhnt.io/bundle-generation";
+/// Secret annotation: the bootstrap token whose mint sealed the grant Secret's legacy entry
+/// (`-` when a rekey or re-upload sealed it under an operator-held key with no token). The
+/// legacy entry goes when that token expires, like the token's own grant entry.
+pub const LEGACY_ENTRY_TOKEN_ANNOTATION: &str = "outpost.dhnt.io/legacy-entry-token";
 
 #[cfg(test)]
 mod tests {
@@ -64,6 +68,7 @@ mod tests {
             ENDPOINT_ANNOTATION,
             KEY_SET_AT_ANNOTATION,
             GENERATION_ANNOTATION,
+            LEGACY_ENTRY_TOKEN_ANNOTATION,
         ] {
             let (domain, name) = key.split_once('/').expect("a prefixed key");
             assert_eq!(domain, DOMAIN, "{key}");

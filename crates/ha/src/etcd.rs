@@ -345,7 +345,7 @@ fn normalize(endpoint: &str, tls: bool) -> String {
 }
 
 /// A client bound to exactly one endpoint, so every answer is attributable.
-async fn connect_one(opts: &EtcdOptions, endpoint: &str) -> Result<Client, EtcdError> {
+pub(crate) async fn connect_one(opts: &EtcdOptions, endpoint: &str) -> Result<Client, EtcdError> {
     let mut co = ConnectOptions::new()
         .with_connect_timeout(opts.connect_timeout)
         .with_timeout(opts.request_timeout);

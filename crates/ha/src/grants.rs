@@ -8,7 +8,7 @@
 //! | data key | what |
 //! |---|---|
 //! | `certs-<token-id>` | one grant: a versioned envelope ([`envelope`]) sealed under that mint's key, bound to the Secret, the entry name and the token id |
-//! | `certs` | the legacy flat file map, sealed under the newest key, for joiners that read only it |
+//! | `certs` | the legacy flat file map, sealed under the newest key, for joiners that read only it; dropped with the token whose mint sealed it (annotation `outpost.dhnt.io/legacy-entry-token`), so that key opens nothing once its token is over |
 //! | `key-proof` | present when the newest bundle carries the at-rest encryption config: opens only under that config ([`published_bundle_carries_key`]) |
 //!
 //! The joiner reads the Secret with its bootstrap token (the reader Role lets only the
@@ -171,6 +171,9 @@ pub enum GrantError {
     /// A token problem (lookup, kubeconfig).
     #[error(transparent)]
     Token(#[from] TokenError),
+    /// The maintenance fence Lease could not be written.
+    #[error(transparent)]
+    Fence(#[from] crate::fence::FenceError),
     /// The pki dir could not be read.
     #[error(transparent)]
     Pki(#[from] pki::PkiError),
@@ -306,7 +309,15 @@ async fn grant_token_states(
     now: Timestamp,
 ) -> Result<BTreeMap<String, TokenState>, GrantError> {
     let mut states = BTreeMap::new();
-    for id in plan::grant_token_ids(observed) {
+    let mut ids = plan::grant_token_ids(observed);
+    // The token whose mint sealed the legacy entry: its key must stop opening that entry
+    // when it expires, even with its own grant entry already gone.
+    if let Some(legacy) = plan::legacy_token_id(observed)
+        && !ids.contains(&legacy)
+    {
+        ids.push(legacy);
+    }
+    for id in ids {
         if Some(id.as_str()) == known_live {
             continue;
         }
@@ -377,6 +388,7 @@ where
             }),
             generation,
             owner: request.owner.map(|o| o.reference.clone()),
+            legacy_token: owner_id.map(str::to_string),
             retire_all_grants: request.retire_all_grants,
             now,
         };

@@ -146,6 +146,9 @@ pub enum JoinError {
         /// The step that did not start.
         next: String,
     },
+    /// Another command holds this node's maintenance lock; no member was added.
+    #[error(transparent)]
+    Lock(#[from] crate::maintenance::MaintenanceError),
 }
 
 /// What a rolled-back join left for the next `up` to explain.
@@ -281,6 +284,9 @@ struct JoinAssembly<'a> {
     discovered: Option<Discovered>,
     profile: Option<BundleProfile>,
     endpoints: Vec<String>,
+    /// The node maintenance lock, taken where the join starts writing this node's state
+    /// directory and held until the node state is persisted.
+    lock: Option<crate::maintenance::NodeLock>,
 }
 
 impl JoinAssembly<'_> {
@@ -333,6 +339,9 @@ impl NodeAssembly for JoinAssembly<'_> {
         match step {
             Step::ResolveCluster => self.resolve().await,
             Step::HostDirs => {
+                // Taken here, not before discovery: a join refused there leaves this node
+                // exactly as it was, lock file included.
+                self.lock = Some(crate::maintenance::NodeLock::acquire(&o.data_dir, "join")?);
                 for dir in [&o.data_dir, &o.pki_dir, &o.kubeconfig_dir] {
                     std::fs::create_dir_all(dir).map_err(|source| JoinError::Io {
                         op: "create",
@@ -410,6 +419,7 @@ pub async fn prepare_control_plane_join(
         discovered: None,
         profile: None,
         endpoints: Vec::new(),
+        lock: None,
     };
     match assemble_node(cancel, &mut a).await {
         Ok(()) => {}

@@ -7,7 +7,9 @@
 //! (a control plane joining as an etcd learner), [`node`] (`up`: bootstrap or start, then
 //! supervise), [`supervisor`] (children with restart backoff), [`bootstrap`] (the objects
 //! the first controller publishes), [`nodestate`] (what a node persists) and
-//! [`operator`] (grant pruning and certificate-key age).
+//! [`operator`] (grant pruning and certificate-key age). Part 3 (maintenance): the node
+//! [`maintenance`] locks, the cluster's maintenance [`fence`], [`snapshot`] save and restore,
+//! [`rejoin`] of a restored cluster, and the shared-cert [`rekey`].
 
 #![cfg_attr(
     not(test),
@@ -18,13 +20,18 @@ pub mod assembly;
 pub mod bootstrap;
 pub mod discovery;
 pub mod etcd;
+pub mod fence;
 pub mod grants;
 pub mod join;
 pub mod journal;
+pub mod maintenance;
 pub mod mint;
 pub mod node;
 pub mod nodestate;
 pub mod operator;
+pub mod rejoin;
+pub mod rekey;
+pub mod snapshot;
 pub mod supervisor;
 pub mod tokens;
 

@@ -161,6 +161,9 @@ pub enum UpError {
         /// The step that did not start.
         next: Step,
     },
+    /// Another command holds this node's maintenance or etcd data lock.
+    #[error(transparent)]
+    Lock(#[from] crate::maintenance::MaintenanceError),
 }
 
 /// What [`up`] did before shutdown.
@@ -179,6 +182,9 @@ pub async fn up(opts: &UpOptions, shutdown: &CancellationToken) -> Result<UpOutc
             state
         }
         None => {
+            // Bootstrapping writes the PKI, kubeconfigs and node state: no other
+            // maintenance command may run meanwhile.
+            let _maintenance = crate::maintenance::NodeLock::acquire(&opts.data_dir, "up")?;
             refuse_surviving_intent(&opts.data_dir)?;
             bootstrap_node(opts, shutdown).await?
         }
@@ -419,6 +425,10 @@ pub async fn run_node(
     run: RunOptions,
     shutdown: &CancellationToken,
 ) -> Result<UpOutcome, UpError> {
+    // Held while this process supervises etcd: a snapshot restore or rejoin refuses,
+    // naming this process, instead of rewriting the data under a running member.
+    let command = if run.first_join_start { "join" } else { "up" };
+    let _data_lock = crate::maintenance::EtcdDataLock::acquire(&run.data_dir, command)?;
     let sup = Supervisor::start(
         supervisor::components(&state, &run.config),
         &run.data_dir.join("logs"),

@@ -156,7 +156,7 @@ impl Drop for Proc {
     }
 }
 
-fn spawn(what: &str, args: &[String], env: &[(&str, &str)]) -> anyhow::Result<Proc> {
+pub(crate) fn spawn(what: &str, args: &[String], env: &[(&str, &str)]) -> anyhow::Result<Proc> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_stratum-server"));
     cmd.args(args)
         .env_remove("KUBECONFIG")
@@ -624,7 +624,7 @@ fn leader_idx_member(members: &[MemberInfo], name: &str) -> anyhow::Result<usize
 }
 
 /// SIGKILLs the etcd process serving `node` (found by its data directory in /proc).
-fn kill_etcd_of(node: &Node) -> anyhow::Result<()> {
+pub(crate) fn kill_etcd_of(node: &Node) -> anyhow::Result<()> {
     let needle = format!("--data-dir={}", node.data().join("etcd").display());
     for entry in std::fs::read_dir("/proc")?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
@@ -1037,7 +1037,8 @@ async fn the_operator_holds_its_lease_prunes_as_leader_and_serves_metrics() -> a
     let start = tokio::time::Instant::now();
     loop {
         let metrics = http_get(&admin_a, "/metrics")?;
-        if metrics.contains("stratum_grants_pruned_total 1") {
+        // The expired token's grant and the legacy entry its mint (the newest) sealed.
+        if metrics.contains("stratum_grants_pruned_total 2") {
             assert!(
                 metrics.contains("stratum_certificate_key_age_seconds"),
                 "{metrics}"

@@ -2,4 +2,5 @@
 
 mod certs_etcd;
 mod ha_cluster;
+mod restore;
 mod token;

@@ -1,5 +1,6 @@
-//! Who may read the grant Secret: a Role allowing `get` on exactly that one Secret, bound to
-//! the control-plane bootstrap group and nobody else. A worker token authenticates too, so a
+//! Who may read the grant Secret: a Role allowing `get` on exactly that one Secret (and
+//! `get`/`update` on exactly the maintenance fence Lease, [`crate::fence`]), bound to the
+//! control-plane bootstrap group and nobody else. A worker token authenticates too, so a
 //! binding naming any broader group would hand every worker the (encrypted) CA keys.
 
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -38,13 +39,24 @@ pub fn reader_role() -> Role {
 }
 
 fn wanted_rules() -> Vec<PolicyRule> {
-    vec![PolicyRule {
-        api_groups: Some(vec![String::new()]),
-        resources: Some(vec!["secrets".into()]),
-        resource_names: Some(vec![SECRET_NAME.into()]),
-        verbs: vec!["get".into()],
-        non_resource_urls: None,
-    }]
+    vec![
+        PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["secrets".into()]),
+            resource_names: Some(vec![SECRET_NAME.into()]),
+            verbs: vec!["get".into()],
+            non_resource_urls: None,
+        },
+        // The maintenance fence, by name only. No `create` (RBAC cannot scope it to a
+        // name): `grant_certs_reader` creates the Lease, the group only holds it.
+        PolicyRule {
+            api_groups: Some(vec!["coordination.k8s.io".into()]),
+            resources: Some(vec!["leases".into()]),
+            resource_names: Some(vec![crate::fence::FENCE_LEASE.into()]),
+            verbs: vec!["get".into(), "update".into()],
+            non_resource_urls: None,
+        },
+    ]
 }
 
 /// The wanted RoleBinding: the Role, to the control-plane bootstrap group only.
@@ -153,8 +165,10 @@ fn is_retryable(err: &kube::Error) -> bool {
 }
 
 /// Writes the Role and the RoleBinding that let only the control-plane bootstrap group get
-/// the grant Secret, narrowing broader ones. Writes nothing when both are as wanted.
+/// the grant Secret and hold the maintenance fence, narrowing broader ones, and creates the
+/// fence Lease the Role names. Writes nothing when all three are as wanted.
 pub async fn grant_certs_reader(client: &kube::Client) -> Result<(), GrantError> {
+    crate::fence::ensure_fence_lease(client).await?;
     ensure_role(client).await?;
     ensure_binding(client, true).await
 }
@@ -255,13 +269,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn role_is_get_on_one_secret() {
+    fn role_is_get_on_one_secret_and_hold_of_one_lease() {
         let role = reader_role();
         let rules = role.rules.unwrap();
-        assert_eq!(rules.len(), 1);
+        assert_eq!(rules.len(), 2);
         assert_eq!(rules[0].verbs, ["get"]);
         assert_eq!(rules[0].resource_names.as_deref().unwrap(), [SECRET_NAME]);
         assert_eq!(rules[0].resources.as_deref().unwrap(), ["secrets"]);
+        assert_eq!(rules[1].verbs, ["get", "update"]);
+        assert_eq!(
+            rules[1].api_groups.as_deref().unwrap(),
+            ["coordination.k8s.io"]
+        );
+        assert_eq!(rules[1].resources.as_deref().unwrap(), ["leases"]);
+        assert_eq!(
+            rules[1].resource_names.as_deref().unwrap(),
+            [crate::fence::FENCE_LEASE]
+        );
     }
 
     #[test]

@@ -5,4 +5,6 @@ mod etcd;
 mod etcd_harness;
 mod grants;
 mod learner;
+mod maintenance;
 mod mint;
+mod snapshot;

@@ -27,6 +27,11 @@ pub const PROOF_ENTRY: &str = "key-proof";
 pub use common::keys::GENERATION_ANNOTATION;
 /// When the certificate-key of the legacy entry was last set (RFC 3339).
 pub use common::keys::KEY_SET_AT_ANNOTATION;
+/// The token whose mint sealed the legacy entry ([`NO_TOKEN`] for a rekey or re-upload).
+pub use common::keys::LEGACY_ENTRY_TOKEN_ANNOTATION;
+/// [`LEGACY_ENTRY_TOKEN_ANNOTATION`]'s value when no token's mint sealed the legacy entry
+/// (a rekey or re-upload under an operator-held key): it stays until the next publication.
+pub const NO_TOKEN: &str = "-";
 /// kube-apiserver refuses a Secret whose data values add up to more than this.
 pub const SECRET_SIZE_LIMIT: usize = 1024 * 1024;
 /// What the grant Secret's data may add up to: the API limit less 128 KiB, so the legacy
@@ -92,8 +97,22 @@ pub struct GenerationExhausted {
     pub observed: u64,
 }
 
-/// The grant entries to drop: those whose token is expired or gone. A grant whose token
-/// state is not in `tokens` is kept: not knowing is not a reason to destroy a live join.
+/// The token whose mint sealed the legacy entry, from [`LEGACY_ENTRY_TOKEN_ANNOTATION`]:
+/// `None` when a rekey or re-upload sealed it ([`NO_TOKEN`]), when the Secret predates the
+/// annotation, or when the value is not a token id.
+pub fn legacy_token_id(secret: Option<&Secret>) -> Option<String> {
+    secret
+        .and_then(|s| s.metadata.annotations.as_ref())
+        .and_then(|a| a.get(LEGACY_ENTRY_TOKEN_ANNOTATION))
+        .map(|v| v.trim())
+        .filter(|v| is_token_id(v))
+        .map(str::to_string)
+}
+
+/// The entries to drop: every grant entry whose token is expired or gone, and the legacy
+/// entry when the token whose mint sealed it is (its key must open nothing once that token
+/// is over, even while other grants keep the Secret alive). An entry whose token state is
+/// not in `tokens` is kept: not knowing is not a reason to destroy a live join.
 pub fn expired_grant_entries(
     secret: Option<&Secret>,
     tokens: &BTreeMap<String, TokenState>,
@@ -101,11 +120,11 @@ pub fn expired_grant_entries(
     let Some(data) = secret.and_then(|s| s.data.as_ref()) else {
         return BTreeSet::new();
     };
+    let over = |id: &str| matches!(tokens.get(id), Some(TokenState::Expired | TokenState::Gone));
+    let legacy_over = legacy_token_id(secret).is_some_and(|id| over(&id));
     data.keys()
         .filter(|entry| {
-            grant_token_id(entry).is_some_and(|id| {
-                matches!(tokens.get(id), Some(TokenState::Expired | TokenState::Gone))
-            })
+            grant_token_id(entry).is_some_and(over) || (legacy_over && *entry == LEGACY_ENTRY)
         })
         .cloned()
         .collect()
@@ -162,6 +181,9 @@ pub struct Publication {
     pub generation: u64,
     /// The token Secret this grant belongs to; `None` keeps the owners as read.
     pub owner: Option<OwnerReference>,
+    /// The token whose key seals the legacy entry (this mint's); `None` for a rekey or
+    /// re-upload, whose operator-held key has no token.
+    pub legacy_token: Option<String>,
     /// Remove every grant entry (re-upload, rekey): their keys must stop opening anything.
     pub retire_all_grants: bool,
     /// When the key was set: stamped on the Secret.
@@ -226,6 +248,13 @@ pub fn plan_publication(
         GENERATION_ANNOTATION.to_string(),
         publication.generation.to_string(),
     );
+    annotations.insert(
+        LEGACY_ENTRY_TOKEN_ANNOTATION.to_string(),
+        publication
+            .legacy_token
+            .clone()
+            .unwrap_or_else(|| NO_TOKEN.to_string()),
+    );
     if let Some(owner) = publication.owner.as_ref() {
         let existing = secret.metadata.owner_references.take().unwrap_or_default();
         secret.metadata.owner_references = Some(merge_owner_references(&existing, Some(owner)));
@@ -243,6 +272,11 @@ pub fn plan_prune(observed: &Secret, tokens: &BTreeMap<String, TokenState>) -> O
     let mut secret = observed.clone();
     if let Some(data) = secret.data.as_mut() {
         data.retain(|entry, _| !drop.contains(entry));
+    }
+    if drop.contains(LEGACY_ENTRY)
+        && let Some(annotations) = secret.metadata.annotations.as_mut()
+    {
+        annotations.remove(LEGACY_ENTRY_TOKEN_ANNOTATION);
     }
     Some(secret)
 }
@@ -317,6 +351,7 @@ mod tests {
             proof: None,
             generation: 4,
             owner: token.map(owner),
+            legacy_token: token.map(str::to_string),
             retire_all_grants: false,
             now,
         }
@@ -551,6 +586,67 @@ mod tests {
         );
         assert_eq!(pruned.metadata.resource_version.as_deref(), Some("41"));
         assert_eq!(pruned.metadata.annotations, observed.metadata.annotations);
+    }
+
+    #[test]
+    fn the_legacy_entry_goes_with_the_token_whose_mint_sealed_it() {
+        let now = Timestamp::now();
+        // Mint aaaaaa, then mint bbbbbb: the legacy entry follows bbbbbb's key.
+        let first = plan_publication(
+            None,
+            publication(Some("aaaaaa"), now),
+            &BTreeMap::new(),
+            GRANT_SECRET_BUDGET,
+        )
+        .unwrap();
+        let second = plan_publication(
+            Some(&first),
+            publication(Some("bbbbbb"), now),
+            &states(&[("aaaaaa", TokenState::Live)]),
+            GRANT_SECRET_BUDGET,
+        )
+        .unwrap();
+        assert_eq!(legacy_token_id(Some(&second)).as_deref(), Some("bbbbbb"));
+        // bbbbbb expires while aaaaaa keeps the Secret alive: its grant and the legacy
+        // entry sealed under its key both go.
+        let tokens = states(&[
+            ("aaaaaa", TokenState::Live),
+            ("bbbbbb", TokenState::Expired),
+        ]);
+        assert_eq!(
+            expired_grant_entries(Some(&second), &tokens),
+            BTreeSet::from(["certs".to_string(), "certs-bbbbbb".to_string()])
+        );
+        let pruned = plan_prune(&second, &tokens).unwrap();
+        assert_eq!(
+            pruned.data.as_ref().unwrap().keys().collect::<Vec<_>>(),
+            ["certs-aaaaaa"]
+        );
+        assert_eq!(legacy_token_id(Some(&pruned)), None);
+        assert!(
+            !pruned
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key(LEGACY_ENTRY_TOKEN_ANNOTATION)
+        );
+        // aaaaaa expiring instead leaves the legacy entry: it is bbbbbb's.
+        let only_a = states(&[("aaaaaa", TokenState::Gone), ("bbbbbb", TokenState::Live)]);
+        assert_eq!(
+            expired_grant_entries(Some(&second), &only_a),
+            BTreeSet::from(["certs-aaaaaa".to_string()])
+        );
+        // A rekey seals the legacy entry under a key with no token: nothing expires it.
+        let mut rekey = publication(None, now);
+        rekey.retire_all_grants = true;
+        let rekeyed = plan_publication(Some(&second), rekey, &tokens, GRANT_SECRET_BUDGET).unwrap();
+        assert_eq!(
+            rekeyed.metadata.annotations.as_ref().unwrap()[LEGACY_ENTRY_TOKEN_ANNOTATION],
+            NO_TOKEN
+        );
+        assert_eq!(legacy_token_id(Some(&rekeyed)), None);
+        assert!(expired_grant_entries(Some(&rekeyed), &tokens).is_empty());
     }
 
     #[test]
