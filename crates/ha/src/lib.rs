@@ -18,6 +18,7 @@ pub mod assembly;
 pub mod bootstrap;
 pub mod discovery;
 pub mod etcd;
+pub mod front;
 pub mod grants;
 pub mod join;
 pub mod journal;
@@ -25,6 +26,7 @@ pub mod mint;
 pub mod node;
 pub mod nodestate;
 pub mod operator;
+pub mod repoint;
 pub mod supervisor;
 pub mod tokens;
 

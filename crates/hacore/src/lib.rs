@@ -5,6 +5,9 @@
 //! - [`grants::plan`]: which grant entries a Secret keeps, its size budget, its owners.
 //! - [`etcd::rules`]: the classifier of etcd failures and the membership and health rules.
 //! - [`tokens::TokenState`]: what a bootstrap token Secret's state is judged to be.
+//! - [`front`]: the per-node HAProxy configuration and the kube-vip static pod.
+//! - [`repoint`]: a kubeconfig's server rewritten with every other byte kept.
+//! - [`etcd::downgrade`]: whether a cluster can be downgraded (etcd 3.5+, one minor down).
 //!
 //! `ha` re-exports each at its old path (`ha::grants::envelope`, `ha::grants::plan`,
 //! `ha::etcd::rules`, `ha::tokens::TokenState`), so callers keep using those; the fuzz
@@ -24,7 +27,11 @@ pub mod grants {
 
 /// etcd membership and health: the pure rules (`ha::etcd` talks to the members).
 pub mod etcd {
+    pub mod downgrade;
     pub mod rules;
 }
+
+pub mod front;
+pub mod repoint;
 
 pub mod tokens;
