@@ -11,9 +11,11 @@ use clap::{Parser, Subcommand};
 
 mod certs_cmd;
 mod etcd_cmd;
+mod front_cmd;
 mod join_cmd;
 mod nodes_cmd;
 mod operator_cmd;
+mod repoint_cmd;
 mod token_cmd;
 mod up_cmd;
 
@@ -48,6 +50,11 @@ enum Command {
     Join(join_cmd::JoinArgs),
     /// Prune expired cert grants and report the certificate-key's age, on an interval.
     Operator(operator_cmd::OperatorArgs),
+    /// The per-node HAProxy front of the API servers, and the kube-vip static pod.
+    #[command(subcommand)]
+    Front(front_cmd::Command),
+    /// Move this node's kubeconfigs onto the cluster VIP, once it serves this cluster.
+    Repoint(repoint_cmd::RepointArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +70,8 @@ fn main() -> ExitCode {
             Command::Up(args) => up_cmd::run(args).await,
             Command::Join(args) => join_cmd::run(args).await,
             Command::Operator(args) => operator_cmd::run(args).await,
+            Command::Front(cmd) => front_cmd::run(cmd).await,
+            Command::Repoint(args) => repoint_cmd::run(args).await,
         }
     })
 }

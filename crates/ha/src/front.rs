@@ -105,6 +105,25 @@ pub async fn check_config(haproxy: &Path, path: &Path) -> Result<CheckOutput, Fr
     }
 }
 
+/// Writes a rendered file (a configuration, a manifest) atomically, 0644.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), FrontIoError> {
+    Ok(common::fsutil::write_atomic(path, bytes, 0o644, None)?)
+}
+
+/// Checks `text` with `haproxy -c` from a private temporary file (removed afterwards).
+pub async fn check_text(haproxy: &Path, text: &str) -> Result<CheckOutput, FrontIoError> {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "stratum-front-check.{}.{}.cfg",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    common::fsutil::write_atomic(&path, text.as_bytes(), 0o600, None)?;
+    let result = check_config(haproxy, &path).await;
+    let _ = common::fsutil::remove_file_synced(&path);
+    result
+}
+
 /// What [`install`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Installed {
