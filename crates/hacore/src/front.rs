@@ -346,7 +346,9 @@ pub fn render_haproxy(spec: &FrontSpec) -> Result<String, FrontError> {
     );
     let _ = writeln!(out, "global");
     let _ = writeln!(out, "    log stderr format raw local0 info");
-    let _ = writeln!(out, "    maxconn 20000");
+    // No `maxconn`: HAProxy derives it from the file-descriptor limit it is given. A fixed
+    // one larger than that limit allows makes HAProxy refuse to start (which `haproxy -c`
+    // does not catch: the limit is the running process's).
     let _ = writeln!(out, "    hard-stop-after {}", hatime(HARD_STOP_AFTER));
     if let Some(s) = &stats {
         let _ = writeln!(out, "    stats socket {s} mode 600 level user");

@@ -1,8 +1,12 @@
-//! Component tests of the ha crate: grants against the API double, etcd membership against
-//! real etcd members.
+//! Component tests of the ha crate: grants and Cilium's repoint against the API double, etcd
+//! membership against real etcd members, the front against real HAProxy, repoint against
+//! live TLS servers.
 
 mod etcd;
 mod etcd_harness;
+mod front;
 mod grants;
 mod learner;
 mod mint;
+mod repoint;
+mod tls_backends;
