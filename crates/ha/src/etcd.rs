@@ -1133,6 +1133,12 @@ pub async fn downgrade_cluster(
     wait: Duration,
     w: &mut (dyn std::io::Write + Send),
 ) -> Result<DowngradeDone, EtcdError> {
+    if rules::MinorVersion::parse(target).is_none() {
+        return Err(rules::DowngradeRefusal::BadTarget {
+            target: target.to_string(),
+        }
+        .into());
+    }
     let _ = writeln!(w, "reading every member's version");
     let versions = member_versions(opts, endpoints).await?;
     for (m, v) in &versions {

@@ -7,7 +7,11 @@
 //! (a control plane joining as an etcd learner), [`node`] (`up`: bootstrap or start, then
 //! supervise), [`supervisor`] (children with restart backoff), [`bootstrap`] (the objects
 //! the first controller publishes), [`nodestate`] (what a node persists) and
-//! [`operator`] (grant pruning and certificate-key age).
+//! [`operator`] (grant pruning and certificate-key age). Part 3: [`front`] (the per-node
+//! HAProxy over every API server, checked with `haproxy -c` before it replaces a running
+//! one, reloaded under the supervisor; the kube-vip static pod), [`repoint`] (a node's
+//! kubeconfigs and Cilium moved onto the VIP once it provably serves this cluster), and
+//! [`etcd::downgrade_cluster`]. Design: `docs/front.md`.
 
 #![cfg_attr(
     not(test),

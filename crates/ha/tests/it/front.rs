@@ -152,3 +152,35 @@ async fn haproxy_spreads_survives_a_dead_backend_and_reloads_safely() -> anyhow:
     sup.stop().await;
     Ok(())
 }
+
+/// The kube-vip static pod decodes strictly as a v1 Pod (no unknown field, every value of
+/// its type), as `kubectl apply --validate=strict` would have the API server check it.
+#[test]
+fn kube_vip_manifest_is_a_strictly_valid_pod() -> anyhow::Result<()> {
+    let text = front::kube_vip_manifest(&front::KubeVipSpec {
+        vip: "10.0.0.100".parse()?,
+        interface: "eth0".into(),
+        port: 6443,
+        image: front::render::KUBE_VIP_IMAGE.into(),
+        kubeconfig: "/etc/kubernetes/admin.conf".into(),
+    })?;
+    let doc: serde_json::Value = serde_yaml::from_str(&text)?;
+    testkube::typed::validate_strict(&doc).map_err(|e| anyhow::anyhow!("kube-vip pod: {e}"))?;
+    assert_eq!(doc["spec"]["hostNetwork"], true);
+    let env = doc["spec"]["containers"][0]["env"]
+        .as_array()
+        .context("env")?
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap_or(""), e["value"].as_str().unwrap_or("")))
+        .collect::<BTreeMap<_, _>>();
+    assert_eq!(env["address"], "10.0.0.100");
+    assert_eq!(env["vip_arp"], "true");
+    assert_eq!(env["vip_interface"], "eth0");
+    assert_eq!(env["vip_leaderelection"], "true");
+    assert_eq!(env["cp_namespace"], "kube-system");
+    // The check can fail: a field the Pod type does not have is refused.
+    let mut typo = doc.clone();
+    typo["spec"]["hostNetwrok"] = serde_json::json!(true);
+    assert!(testkube::typed::validate_strict(&typo).is_err());
+    Ok(())
+}
