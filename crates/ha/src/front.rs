@@ -215,7 +215,11 @@ impl Front {
     /// Renders `spec`, installs it if HAProxy accepts it and it changed, and reloads the
     /// HAProxy `sup` runs. A refused configuration changes nothing: the running HAProxy
     /// keeps its last good one, and the error names what HAProxy said.
-    pub async fn sync(&self, sup: &Supervisor, spec: &FrontSpec) -> Result<SyncOutcome, FrontIoError> {
+    pub async fn sync(
+        &self,
+        sup: &Supervisor,
+        spec: &FrontSpec,
+    ) -> Result<SyncOutcome, FrontIoError> {
         let text = render::render_haproxy(spec)?;
         match install(&self.haproxy, &self.config, &text).await? {
             Installed::Unchanged => Ok(SyncOutcome::Unchanged),
@@ -269,7 +273,10 @@ pub async fn run_front(
                 let mut spec = FrontSpec::new(backends, &l.ca_file);
                 spec.listen = l.listen;
                 if let Err(e) = front.sync(sup, &spec).await {
-                    warn!("front not updated, the running configuration is kept: {}", crate::error_chain(&e));
+                    warn!(
+                        "front not updated, the running configuration is kept: {}",
+                        crate::error_chain(&e)
+                    );
                 }
             }
             Err(e) => warn!("front not updated: {}", crate::error_chain(&e)),
@@ -279,6 +286,71 @@ pub async fn run_front(
             _ = stop.cancelled() => return,
         }
     }
+}
+
+/// The front of a running node (`up` with a `front` section): waits until the member list
+/// renders a configuration HAProxy accepts (`<data-dir>/haproxy.cfg`), starts HAProxy
+/// under its own supervisor (logs in `<data-dir>/logs/haproxy.log`), follows the member
+/// list, and stops HAProxy when `stop` is cancelled.
+pub fn spawn_for_node(
+    state: &crate::nodestate::NodeState,
+    data_dir: &Path,
+    fc: &crate::nodestate::FrontConfig,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let front = Front {
+        haproxy: fc.haproxy.clone(),
+        config: data_dir.join("haproxy.cfg"),
+    };
+    let logs = data_dir.join("logs");
+    let listen = fc.listen.parse::<SocketAddr>();
+    let l = listen.as_ref().ok().map(|listen| FrontLoop {
+        endpoints: state.endpoints(),
+        etcd: crate::join::etcd_options(&state.pki_dir),
+        api_port: fc.api_port,
+        listen: *listen,
+        ca_file: state.pki_dir.join("ca.crt"),
+        interval: fc.interval,
+    });
+    let listen_text = fc.listen.clone();
+    tokio::spawn(async move {
+        let Some(l) = l else {
+            warn!("front not started: listen address {listen_text:?} is not IP:PORT");
+            return;
+        };
+        loop {
+            let ready = match backends_from_members(&l.etcd, &l.endpoints, l.api_port).await {
+                Ok(backends) => {
+                    let mut spec = FrontSpec::new(backends, &l.ca_file);
+                    spec.listen = l.listen;
+                    front.prepare(&spec).await.map(|_| ())
+                }
+                Err(e) => Err(e),
+            };
+            match ready {
+                Ok(()) => break,
+                Err(e) => warn!("front not started yet: {}", crate::error_chain(&e)),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(l.interval) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+        let sup = match Supervisor::start(
+            vec![haproxy_component(&front.haproxy, &front.config)],
+            &logs,
+            crate::supervisor::Backoff::default(),
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("front not started: {}", crate::error_chain(&e));
+                return;
+            }
+        };
+        info!(listen = %l.listen, config = %front.config.display(), "front (HAProxy) started");
+        run_front(&front, &sup, &l, &stop).await;
+        sup.stop().await;
+    })
 }
 
 /// The kube-vip static pod manifest (YAML) for `spec`: the typed Pod serialized (its

@@ -474,6 +474,11 @@ pub async fn run_node(
             info!("join intent cleared: the local member's data is confirmed");
         }
     }
+    // The per-node HAProxy, when configured: it follows the member list until shutdown.
+    let front_task =
+        run.config.front.as_ref().map(|fc| {
+            crate::front::spawn_for_node(&state, &run.data_dir, fc, shutdown.child_token())
+        });
     let mut promoted_now = None;
     if state.etcd.learner {
         let id = state.etcd.member_id.unwrap_or(0);
@@ -516,6 +521,9 @@ pub async fn run_node(
     }
     shutdown.cancelled().await;
     info!("shutting down: stopping components in reverse start order");
+    if let Some(task) = front_task {
+        let _ = task.await;
+    }
     sup.stop().await;
     admin_stop.cancel();
     if let Some(task) = admin_task {

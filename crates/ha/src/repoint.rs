@@ -157,16 +157,15 @@ pub struct VipServes {
 
 fn classify_tls(e: &std::io::Error) -> VipFault {
     use rustls::CertificateError as C;
-    let inner = e
-        .get_ref()
-        .and_then(|i| i.downcast_ref::<rustls::Error>());
+    let inner = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
     match inner {
         Some(rustls::Error::InvalidCertificate(c)) => match c {
             C::UnknownIssuer | C::BadSignature | C::InvalidPurpose => VipFault::OtherCa,
             C::NotValidForName | C::NotValidForNameContext { .. } => VipFault::NotForVip,
-            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. } => {
-                VipFault::Expired
-            }
+            C::Expired
+            | C::ExpiredContext { .. }
+            | C::NotValidYet
+            | C::NotValidYetContext { .. } => VipFault::Expired,
             other => VipFault::Tls(format!("{other:?}")),
         },
         Some(other) => VipFault::Tls(other.to_string()),
@@ -236,8 +235,9 @@ pub async fn check_vip_serves(
         IpAddr::V4(v4) => format!("{v4}:{port}"),
         IpAddr::V6(v6) => format!("[{v6}]:{port}"),
     };
-    let request =
-        format!("GET /readyz HTTP/1.1\r\nHost: {host}\r\nUser-Agent: stratum-server-repoint\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "GET /readyz HTTP/1.1\r\nHost: {host}\r\nUser-Agent: stratum-server-repoint\r\nConnection: close\r\n\r\n"
+    );
     let exchange = async {
         tls.write_all(request.as_bytes()).await?;
         let mut buf = vec![0u8; 512];
@@ -264,7 +264,11 @@ pub async fn check_vip_serves(
         .strip_prefix("HTTP/1.")
         .and_then(|r| r.get(2..5))
         .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| fail(VipFault::NotHttp("the answer is not an HTTP status line".into())))?;
+        .ok_or_else(|| {
+            fail(VipFault::NotHttp(
+                "the answer is not an HTTP status line".into(),
+            ))
+        })?;
     Ok(VipServes {
         addr: addr_text.clone(),
         readyz_status: status,
@@ -312,10 +316,11 @@ fn plan_kubeconfigs(dir: &Path, server: &str) -> Result<Vec<Planned>, RepointFai
             path: path.clone(),
             source,
         })?;
-        let rewritten = rewrite_server(&text, server).map_err(|source| RepointFailure::Kubeconfig {
-            path: path.clone(),
-            source,
-        })?;
+        let rewritten =
+            rewrite_server(&text, server).map_err(|source| RepointFailure::Kubeconfig {
+                path: path.clone(),
+                source,
+            })?;
         plans.push(Planned {
             path,
             rewritten,
@@ -357,13 +362,8 @@ pub fn repoint_kubeconfigs(
             out.unchanged.push(p.path);
             continue;
         }
-        common::fsutil::write_atomic(
-            &p.path,
-            p.rewritten.text.as_bytes(),
-            p.mode,
-            Some(p.owner),
-        )
-        .map_err(|source| RepointFailure::Write {
+        common::fsutil::write_atomic(&p.path, p.rewritten.text.as_bytes(), p.mode, Some(p.owner))
+            .map_err(|source| RepointFailure::Write {
             done: done.clone(),
             source,
         })?;
@@ -471,7 +471,11 @@ pub async fn repoint_under_lock(
         reason: e.to_string(),
     })?;
     let server = server_url(req.vip, req.port);
-    let _ = writeln!(w, "checking that {server} serves this cluster's API (CA {})", req.ca_file.display());
+    let _ = writeln!(
+        w,
+        "checking that {server} serves this cluster's API (CA {})",
+        req.ca_file.display()
+    );
     let vip = check_vip_serves(req.vip, req.port, &ca_pem, req.timeout)
         .await
         .map_err(|e| match e {
@@ -486,7 +490,11 @@ pub async fn repoint_under_lock(
         "  ok: certificate chains to the cluster CA and covers {}; /readyz answered {}",
         req.vip, vip.readyz_status
     );
-    let _ = writeln!(w, "rewriting kubeconfigs in {}", req.kubeconfig_dir.display());
+    let _ = writeln!(
+        w,
+        "rewriting kubeconfigs in {}",
+        req.kubeconfig_dir.display()
+    );
     let kubeconfigs = repoint_kubeconfigs(&req.kubeconfig_dir, req.data_dir.as_deref(), &server)?;
     for p in &kubeconfigs.rewritten {
         let _ = writeln!(w, "  rewritten: {}", p.display());
@@ -586,7 +594,12 @@ pub fn cilium_env_patch(spec: &PodSpec, host: &str, port: u16) -> Option<serde_j
         containers.push(entry(&c.name));
     }
     let mut inits = Vec::new();
-    for c in spec.init_containers.iter().flatten().filter(|c| sets_host(&c.env)) {
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| sets_host(&c.env))
+    {
         changed |= !(has(&c.env, "KUBERNETES_SERVICE_HOST", host)
             && has(&c.env, "KUBERNETES_SERVICE_PORT", &port));
         inits.push(entry(&c.name));
@@ -644,14 +657,23 @@ pub async fn repoint_cilium_with(
 
     let ds_name = format!("daemonset/{CILIUM_AGENT}");
     let mut ds_patched = false;
-    match ds_api.get_opt(CILIUM_AGENT).await.map_err(api_err("read", &ds_name))? {
-        None => report.warnings.push(format!("kube-system/{ds_name} does not exist: nothing to repoint there")),
+    match ds_api
+        .get_opt(CILIUM_AGENT)
+        .await
+        .map_err(api_err("read", &ds_name))?
+    {
+        None => report.warnings.push(format!(
+            "kube-system/{ds_name} does not exist: nothing to repoint there"
+        )),
         Some(ds) => {
             let spec = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref());
             match spec.and_then(|s| cilium_env_patch(s, host, port)) {
                 None => report.unchanged.push(ds_name.clone()),
                 Some(patch) => {
-                    let _ = writeln!(w, "patching kube-system/{ds_name}: KUBERNETES_SERVICE_HOST={host} KUBERNETES_SERVICE_PORT={port}");
+                    let _ = writeln!(
+                        w,
+                        "patching kube-system/{ds_name}: KUBERNETES_SERVICE_HOST={host} KUBERNETES_SERVICE_PORT={port}"
+                    );
                     ds_api
                         .patch(CILIUM_AGENT, &pp, &Patch::Strategic(patch))
                         .await
@@ -664,14 +686,23 @@ pub async fn repoint_cilium_with(
     }
     let dep_name = format!("deployment/{CILIUM_OPERATOR}");
     let mut dep_patched = false;
-    match dep_api.get_opt(CILIUM_OPERATOR).await.map_err(api_err("read", &dep_name))? {
-        None => report.warnings.push(format!("kube-system/{dep_name} does not exist: nothing to repoint there")),
+    match dep_api
+        .get_opt(CILIUM_OPERATOR)
+        .await
+        .map_err(api_err("read", &dep_name))?
+    {
+        None => report.warnings.push(format!(
+            "kube-system/{dep_name} does not exist: nothing to repoint there"
+        )),
         Some(d) => {
             let spec = d.spec.as_ref().and_then(|s| s.template.spec.as_ref());
             match spec.and_then(|s| cilium_env_patch(s, host, port)) {
                 None => report.unchanged.push(dep_name.clone()),
                 Some(patch) => {
-                    let _ = writeln!(w, "patching kube-system/{dep_name}: KUBERNETES_SERVICE_HOST={host} KUBERNETES_SERVICE_PORT={port}");
+                    let _ = writeln!(
+                        w,
+                        "patching kube-system/{dep_name}: KUBERNETES_SERVICE_HOST={host} KUBERNETES_SERVICE_PORT={port}"
+                    );
                     dep_api
                         .patch(CILIUM_OPERATOR, &pp, &Patch::Strategic(patch))
                         .await
@@ -745,7 +776,10 @@ mod tests {
     #[test]
     fn cilium_patch_names_each_container_and_is_empty_in_steady_state() {
         let spec = PodSpec {
-            containers: vec![container("cilium-agent", &[("KUBERNETES_SERVICE_HOST", "127.0.0.1")])],
+            containers: vec![container(
+                "cilium-agent",
+                &[("KUBERNETES_SERVICE_HOST", "127.0.0.1")],
+            )],
             init_containers: Some(vec![
                 container("config", &[("KUBERNETES_SERVICE_HOST", "127.0.0.1")]),
                 container("mount-bpf-fs", &[]),
@@ -762,7 +796,10 @@ mod tests {
         let done = PodSpec {
             containers: vec![container(
                 "cilium-agent",
-                &[("KUBERNETES_SERVICE_HOST", "10.0.0.100"), ("KUBERNETES_SERVICE_PORT", "6443")],
+                &[
+                    ("KUBERNETES_SERVICE_HOST", "10.0.0.100"),
+                    ("KUBERNETES_SERVICE_PORT", "6443"),
+                ],
             )],
             ..Default::default()
         };
@@ -771,7 +808,11 @@ mod tests {
 
     #[test]
     fn vip_faults_say_what_to_do() {
-        assert!(VipFault::OtherCa.to_string().contains("not issued by this cluster's CA"));
+        assert!(
+            VipFault::OtherCa
+                .to_string()
+                .contains("not issued by this cluster's CA")
+        );
         assert!(VipFault::NotForVip.to_string().contains("--vip"));
     }
 }

@@ -217,11 +217,7 @@ impl Supervisor {
 
     /// Sends `signal` to the running child `name` (a reload: HAProxy's master re-reads its
     /// configuration on SIGUSR2 and keeps serving). Returns the process ID signalled.
-    pub fn signal(
-        &self,
-        name: &str,
-        signal: nix::sys::signal::Signal,
-    ) -> Result<u32, SignalError> {
+    pub fn signal(&self, name: &str, signal: nix::sys::signal::Signal) -> Result<u32, SignalError> {
         let pid = self
             .status()
             .into_iter()

@@ -280,11 +280,11 @@ fn hatime(d: Duration) -> String {
     if ms == 0 {
         return "1ms".into();
     }
-    if ms % 3_600_000 == 0 {
+    if ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 {
+    } else if ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
@@ -648,8 +648,11 @@ mod tests {
 
     #[test]
     fn server_lists_parse() {
-        let b = parse_servers(&["10.0.0.1:6443, cp2.example:7443".into(), "fd00::1".into()], 6443)
-            .unwrap();
+        let b = parse_servers(
+            &["10.0.0.1:6443, cp2.example:7443".into(), "fd00::1".into()],
+            6443,
+        )
+        .unwrap();
         assert_eq!(b[0].address(), "10.0.0.1:6443");
         assert_eq!(b[1].address(), "cp2.example:7443");
         assert_eq!(b[2].address(), "[fd00::1]:6443");

@@ -63,7 +63,11 @@ pub fn check_server(server: &str) -> Result<(), RepointError> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
         && (host.starts_with('[') == host.ends_with(']'))
         && !host.starts_with(['-', '.', ':']);
-    if port_ok && host_ok { Ok(()) } else { Err(bad()) }
+    if port_ok && host_ok {
+        Ok(())
+    } else {
+        Err(bad())
+    }
 }
 
 fn servers_of(doc: &Value) -> Vec<String> {
@@ -123,7 +127,8 @@ fn server_value_span(line: &str) -> Option<(usize, usize)> {
 /// Rewrites every cluster's `server` in the kubeconfig `text` to `server`.
 pub fn rewrite_server(text: &str, server: &str) -> Result<Rewritten, RepointError> {
     check_server(server)?;
-    let doc: Value = serde_yaml::from_str(text).map_err(|e| RepointError::NotYaml(e.to_string()))?;
+    let doc: Value =
+        serde_yaml::from_str(text).map_err(|e| RepointError::NotYaml(e.to_string()))?;
     let old_servers = servers_of(&doc);
     if old_servers.is_empty() {
         return Err(RepointError::NoClusters);
@@ -158,7 +163,8 @@ pub fn rewrite_server(text: &str, server: &str) -> Result<Rewritten, RepointErro
         });
     }
     let text = serde_yaml::to_string(&want).map_err(|e| RepointError::NotYaml(e.to_string()))?;
-    let back: Value = serde_yaml::from_str(&text).map_err(|e| RepointError::NotYaml(e.to_string()))?;
+    let back: Value =
+        serde_yaml::from_str(&text).map_err(|e| RepointError::NotYaml(e.to_string()))?;
     if back != want {
         return Err(RepointError::Diverged);
     }
@@ -194,13 +200,24 @@ mod tests {
         let kc = "clusters:\n- cluster:\n    server: \"https://a:1\"\n  name: a\n- name: b\n  cluster:\n    server: 'https://b:2'\n";
         let r = rewrite_server(kc, "https://[fd00::1]:6443").unwrap();
         assert!(r.in_place, "{}", r.text);
-        assert_eq!(r.text.matches("https://[fd00::1]:6443").count(), 2, "{}", r.text);
+        assert_eq!(
+            r.text.matches("https://[fd00::1]:6443").count(),
+            2,
+            "{}",
+            r.text
+        );
         let kc = "clusters:\n- cluster: {server: https://a:1, certificate-authority-data: QQ==}\n  name: a\n";
         let r = rewrite_server(kc, "https://10.0.0.1:6443").unwrap();
         assert!(!r.in_place);
         let v: Value = serde_yaml::from_str(&r.text).unwrap();
-        assert_eq!(v["clusters"][0]["cluster"]["certificate-authority-data"], "QQ==");
-        assert_eq!(v["clusters"][0]["cluster"]["server"], "https://10.0.0.1:6443");
+        assert_eq!(
+            v["clusters"][0]["cluster"]["certificate-authority-data"],
+            "QQ=="
+        );
+        assert_eq!(
+            v["clusters"][0]["cluster"]["server"],
+            "https://10.0.0.1:6443"
+        );
     }
 
     #[test]
@@ -210,8 +227,14 @@ mod tests {
         let kc = "clusters:\n- cluster:\n    server: https://a:1\n  name: a\nusers:\n- name: u\n  user:\n    exec:\n      env:\n      - name: X\n        server: https://a:1\n";
         let r = rewrite_server(kc, "https://10.0.0.1:6443").unwrap();
         let v: Value = serde_yaml::from_str(&r.text).unwrap();
-        assert_eq!(v["users"][0]["user"]["exec"]["env"][0]["server"], "https://a:1");
-        assert_eq!(v["clusters"][0]["cluster"]["server"], "https://10.0.0.1:6443");
+        assert_eq!(
+            v["users"][0]["user"]["exec"]["env"][0]["server"],
+            "https://a:1"
+        );
+        assert_eq!(
+            v["clusters"][0]["cluster"]["server"],
+            "https://10.0.0.1:6443"
+        );
     }
 
     #[test]
@@ -237,6 +260,9 @@ mod tests {
             rewrite_server("a: [", "https://a:1"),
             Err(RepointError::NotYaml(_))
         ));
-        assert_eq!(server_url("fd00::1".parse().unwrap(), 6443), "https://[fd00::1]:6443");
+        assert_eq!(
+            server_url("fd00::1".parse().unwrap(), 6443),
+            "https://[fd00::1]:6443"
+        );
     }
 }

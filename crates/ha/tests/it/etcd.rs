@@ -599,14 +599,17 @@ async fn an_unanswered_member_add_is_read_back_not_sent_twice() -> anyhow::Resul
 /// `etcd downgrade --to 3.5.0` on real etcd 3.4: refused before anything is asked, naming
 /// the cluster version and the etcd release that has the downgrade API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn downgrade_on_etcd_3_4_is_refused_naming_the_version_that_supports_it()
--> anyhow::Result<()> {
+async fn downgrade_on_etcd_3_4_is_refused_naming_the_version_that_supports_it() -> anyhow::Result<()>
+{
     let cluster = EtcdCluster::start(2).await?;
     let opts = cluster.options();
     let eps = cluster.endpoints();
     let versions = etcd::member_versions(&opts, &eps).await?;
     assert_eq!(versions.len(), 2);
-    assert!(versions.iter().all(|(_, v)| v.starts_with("3.4.")), "{versions:?}");
+    assert!(
+        versions.iter().all(|(_, v)| v.starts_with("3.4.")),
+        "{versions:?}"
+    );
 
     let mut progress = Vec::new();
     let err = etcd::downgrade_cluster(&opts, &eps, "3.5.0", Duration::from_secs(5), &mut progress)
@@ -621,7 +624,10 @@ async fn downgrade_on_etcd_3_4_is_refused_naming_the_version_that_supports_it()
         "{err}"
     );
     let text = err.to_string();
-    assert!(text.contains("3.4") && text.contains("etcd 3.5 or later"), "{text}");
+    assert!(
+        text.contains("3.4") && text.contains("etcd 3.5 or later"),
+        "{text}"
+    );
     let progress = String::from_utf8(progress)?;
     assert!(!progress.contains("downgrade enabled"), "{progress}");
     // The cluster is as it was: both members answer, on 3.4.

@@ -95,12 +95,16 @@ async fn haproxy_spreads_survives_a_dead_backend_and_reloads_safely() -> anyhow:
         tb::get(&client, listen, "/who").await.is_ok()
     })
     .await
-    .with_context(|| std::fs::read_to_string(dir.path().join("logs/haproxy.log")).unwrap_or_default())?;
+    .with_context(|| {
+        std::fs::read_to_string(dir.path().join("logs/haproxy.log")).unwrap_or_default()
+    })?;
 
     // Traffic reaches all three (leastconn among idle servers goes round).
     let mut seen: BTreeMap<String, u32> = BTreeMap::new();
     for _ in 0..30 {
-        *seen.entry(tb::get(&client, listen, "/who").await?).or_default() += 1;
+        *seen
+            .entry(tb::get(&client, listen, "/who").await?)
+            .or_default() += 1;
     }
     assert_eq!(
         seen.keys().cloned().collect::<Vec<_>>(),
@@ -120,7 +124,10 @@ async fn haproxy_spreads_survives_a_dead_backend_and_reloads_safely() -> anyhow:
     }
     assert!(!after.contains_key("api0"), "{after:?}");
     assert_eq!(after.values().sum::<u32>(), 30);
-    assert!(after.contains_key("api1") && after.contains_key("api2"), "{after:?}");
+    assert!(
+        after.contains_key("api1") && after.contains_key("api2"),
+        "{after:?}"
+    );
 
     // A member list without the dead one: an open connection survives the reload.
     let mut open = tb::connect(&client, listen).await?;
@@ -133,7 +140,10 @@ async fn haproxy_spreads_survives_a_dead_backend_and_reloads_safely() -> anyhow:
     // Same list again: nothing written, nothing reloaded.
     assert_eq!(f.sync(&sup, &live).await?, SyncOutcome::Unchanged);
     let installed = std::fs::read_to_string(&f.config)?;
-    assert!(!installed.contains(&backends[0].addr.to_string()), "{installed}");
+    assert!(
+        !installed.contains(&backends[0].addr.to_string()),
+        "{installed}"
+    );
 
     // A configuration HAProxy refuses (its CA file does not exist) is not installed: the
     // live file keeps its bytes, the master is not signalled, clients keep working.
@@ -171,7 +181,12 @@ fn kube_vip_manifest_is_a_strictly_valid_pod() -> anyhow::Result<()> {
         .as_array()
         .context("env")?
         .iter()
-        .map(|e| (e["name"].as_str().unwrap_or(""), e["value"].as_str().unwrap_or("")))
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or(""),
+                e["value"].as_str().unwrap_or(""),
+            )
+        })
         .collect::<BTreeMap<_, _>>();
     assert_eq!(env["address"], "10.0.0.100");
     assert_eq!(env["vip_arp"], "true");

@@ -100,17 +100,31 @@ async fn repoint_changes_nothing_unless_the_vip_serves_this_cluster() -> anyhow:
 
     // Another cluster holds the VIP: its certificate comes from another CA.
     let other_ca = pki::Ca::generate("other-cluster-ca")?;
-    let mut other = tb::Backend::start(vip, &tb::serving_cert(&other_ca, "apiserver", &[vip])?, "other").await?;
+    let mut other = tb::Backend::start(
+        vip,
+        &tb::serving_cert(&other_ca, "apiserver", &[vip])?,
+        "other",
+    )
+    .await?;
     let mut out = Vec::new();
     let err = repoint::node_repoint(&mut out, &attempt(other.addr.port()), &recorder)
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, RepointFailure::VipDoesNotServe { fault: VipFault::OtherCa, .. }),
+        matches!(
+            &err,
+            RepointFailure::VipDoesNotServe {
+                fault: VipFault::OtherCa,
+                ..
+            }
+        ),
         "{err}"
     );
     let text = err.to_string();
-    assert!(text.contains("not issued by this cluster's CA") && text.contains("nothing was changed"), "{text}");
+    assert!(
+        text.contains("not issued by this cluster's CA") && text.contains("nothing was changed"),
+        "{text}"
+    );
     assert!(text.contains(&other.addr.to_string()), "{text}");
     other.kill().await;
 
@@ -125,7 +139,13 @@ async fn repoint_changes_nothing_unless_the_vip_serves_this_cluster() -> anyhow:
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, RepointFailure::VipDoesNotServe { fault: VipFault::NotForVip, .. }),
+        matches!(
+            &err,
+            RepointFailure::VipDoesNotServe {
+                fault: VipFault::NotForVip,
+                ..
+            }
+        ),
         "{err}"
     );
     no_san.kill().await;
@@ -136,7 +156,13 @@ async fn repoint_changes_nothing_unless_the_vip_serves_this_cluster() -> anyhow:
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, RepointFailure::VipDoesNotServe { fault: VipFault::Unreachable(_), .. }),
+        matches!(
+            &err,
+            RepointFailure::VipDoesNotServe {
+                fault: VipFault::Unreachable(_),
+                ..
+            }
+        ),
         "{err}"
     );
 
@@ -146,7 +172,12 @@ async fn repoint_changes_nothing_unless_the_vip_serves_this_cluster() -> anyhow:
     assert!(recorder.done.lock().unwrap().is_empty());
 
     // The right certificate: every kubeconfig now names the VIP, every other byte kept.
-    let good = tb::Backend::start(vip, &tb::serving_cert(&cluster_ca, "apiserver", &[vip])?, "ours").await?;
+    let good = tb::Backend::start(
+        vip,
+        &tb::serving_cert(&cluster_ca, "apiserver", &[vip])?,
+        "ours",
+    )
+    .await?;
     let failing = Recorder {
         fail: vec!["kubelet".into()],
         ..Default::default()
@@ -156,7 +187,10 @@ async fn repoint_changes_nothing_unless_the_vip_serves_this_cluster() -> anyhow:
     let server = format!("https://{vip}:{}", good.addr.port());
     assert_eq!(report.server, server);
     assert_eq!(report.vip.readyz_status, 200);
-    assert_eq!(report.kubeconfigs.rewritten.len(), pki::KUBECONFIG_FILES.len());
+    assert_eq!(
+        report.kubeconfigs.rewritten.len(),
+        pki::KUBECONFIG_FILES.len()
+    );
     for (name, old) in &before_kc {
         let new = std::fs::read(kc_dir.join(name))?;
         let want = String::from_utf8(old.clone())?.replace("https://127.0.0.1:6443", &server);
@@ -225,12 +259,26 @@ async fn cilium_env_is_patched_by_strategic_merge_and_an_unfinished_rollout_warn
     server.clear_requests();
 
     let mut out = Vec::new();
-    let report =
-        repoint::repoint_cilium_with(&mut out, &client, "10.0.0.100", 6443, Duration::from_millis(300)).await?;
-    assert_eq!(report.patched, vec!["daemonset/cilium", "deployment/cilium-operator"]);
+    let report = repoint::repoint_cilium_with(
+        &mut out,
+        &client,
+        "10.0.0.100",
+        6443,
+        Duration::from_millis(300),
+    )
+    .await?;
+    assert_eq!(
+        report.patched,
+        vec!["daemonset/cilium", "deployment/cilium-operator"]
+    );
     // No controller rolls these out in the API double: both rollouts are unfinished.
     assert_eq!(report.warnings.len(), 2, "{:?}", report.warnings);
-    assert!(report.warnings.iter().all(|w| w.contains("has not finished rolling out")));
+    assert!(
+        report
+            .warnings
+            .iter()
+            .all(|w| w.contains("has not finished rolling out"))
+    );
 
     let ds = ds_api.get("cilium").await?;
     let pod = ds.spec.unwrap().template.spec.unwrap();
@@ -243,17 +291,28 @@ async fn cilium_env_is_patched_by_strategic_merge_and_an_unfinished_rollout_warn
             .collect::<Vec<_>>()
     };
     let agent = env(&pod.containers[0]);
-    assert!(agent.contains(&("KUBERNETES_SERVICE_HOST".into(), Some("10.0.0.100".into()))), "{agent:?}");
+    assert!(
+        agent.contains(&("KUBERNETES_SERVICE_HOST".into(), Some("10.0.0.100".into()))),
+        "{agent:?}"
+    );
     // The strategic merge kept the other env entry (a merge patch would have replaced the
     // whole container list).
     assert!(agent.iter().any(|(n, _)| n == "K8S_NODE_NAME"), "{agent:?}");
     assert_eq!(agent.len(), 3, "{agent:?}");
     let inits = pod.init_containers.unwrap();
-    assert!(env(&inits[0]).contains(&("KUBERNETES_SERVICE_HOST".into(), Some("10.0.0.100".into()))));
-    assert!(inits[1].env.is_none(), "an init container without the env gains none");
+    assert!(
+        env(&inits[0]).contains(&("KUBERNETES_SERVICE_HOST".into(), Some("10.0.0.100".into())))
+    );
+    assert!(
+        inits[1].env.is_none(),
+        "an init container without the env gains none"
+    );
     let d = dep_api.get("cilium-operator").await?;
     let op = env(&d.spec.unwrap().template.spec.unwrap().containers[0]);
-    assert!(op.contains(&("KUBERNETES_SERVICE_PORT".into(), Some("6443".into()))), "{op:?}");
+    assert!(
+        op.contains(&("KUBERNETES_SERVICE_PORT".into(), Some("6443".into()))),
+        "{op:?}"
+    );
 
     let patches: Vec<_> = server
         .requests()
@@ -261,12 +320,21 @@ async fn cilium_env_is_patched_by_strategic_merge_and_an_unfinished_rollout_warn
         .filter(|r| r.is_write())
         .collect();
     assert_eq!(patches.len(), 2, "{patches:?}");
-    assert!(patches.iter().all(|r| r.verb == "patch" && r.code == 200), "{patches:?}");
+    assert!(
+        patches.iter().all(|r| r.verb == "patch" && r.code == 200),
+        "{patches:?}"
+    );
 
     // Steady state: nothing to patch, nothing written.
     server.clear_requests();
-    let report =
-        repoint::repoint_cilium_with(&mut Vec::new(), &client, "10.0.0.100", 6443, Duration::from_millis(300)).await?;
+    let report = repoint::repoint_cilium_with(
+        &mut Vec::new(),
+        &client,
+        "10.0.0.100",
+        6443,
+        Duration::from_millis(300),
+    )
+    .await?;
     assert!(report.patched.is_empty());
     assert_eq!(report.unchanged.len(), 2);
     assert!(server.requests().iter().all(|r| !r.is_write()));

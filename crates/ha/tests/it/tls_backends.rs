@@ -96,7 +96,11 @@ impl Backend {
                     }
                     let head = String::from_utf8_lossy(&buf);
                     let path = head.split_whitespace().nth(1).unwrap_or("/");
-                    let body = if path == "/readyz" { "ok".to_string() } else { name };
+                    let body = if path == "/readyz" {
+                        "ok".to_string()
+                    } else {
+                        name
+                    };
                     let resp = format!(
                         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                         body.len()

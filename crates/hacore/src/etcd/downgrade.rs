@@ -183,7 +183,10 @@ mod tests {
             }
         );
         let text = err.to_string();
-        assert!(text.contains("3.4") && text.contains("etcd 3.5 or later"), "{text}");
+        assert!(
+            text.contains("3.4") && text.contains("etcd 3.5 or later"),
+            "{text}"
+        );
         // A mixed cluster's version is its lowest member's.
         assert!(matches!(
             plan_downgrade(&m(&["3.6.1", "3.4.23"]), "3.5"),
@@ -208,7 +211,10 @@ mod tests {
             plan_downgrade(&m(&["3.6.0"]), "three"),
             Err(DowngradeRefusal::BadTarget { .. })
         ));
-        assert_eq!(plan_downgrade(&[], "3.5"), Err(DowngradeRefusal::NoVersions));
+        assert_eq!(
+            plan_downgrade(&[], "3.5"),
+            Err(DowngradeRefusal::NoVersions)
+        );
         assert!(matches!(
             plan_downgrade(&m(&["garbage"]), "3.5"),
             Err(DowngradeRefusal::BadMemberVersion { .. })
