@@ -1,5 +1,6 @@
 //! Tests that run the stratum-server binary as a process.
 
 mod certs_etcd;
+mod front_cli;
 mod ha_cluster;
 mod token;
