@@ -199,3 +199,91 @@ fn kube_vip_manifest_is_a_strictly_valid_pod() -> anyhow::Result<()> {
     assert!(testkube::typed::validate_strict(&typo).is_err());
     Ok(())
 }
+
+/// `up`'s front (`spawn_for_node`): the member list of a real etcd cluster (mTLS with the
+/// node's etcd client certificate, as a node state names it) becomes a running HAProxy in
+/// front of an API server on each member's host; cancelling stops HAProxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_front_follows_the_member_list_and_stops_with_the_node() -> anyhow::Result<()> {
+    use crate::etcd_harness::EtcdCluster;
+    use ha::nodestate::{
+        ClusterState, EtcdMember, FrontConfig, NODE_STATE_VERSION, NodeState, Origin,
+    };
+
+    let haproxy = haproxy_binary()?;
+    let cluster = EtcdCluster::start(1).await?;
+    let member_url = cluster.endpoint(0);
+    let host: std::net::IpAddr = ha::etcd::rules::url_host(&member_url)
+        .context("member host")?
+        .parse()?;
+    let dir = tempfile::tempdir()?;
+    // The node's PKI as `join::etcd_options` reads it: the etcd CA and the API server's
+    // etcd client certificate; and the cluster CA the health checks verify with.
+    let pki_dir = dir.path().join("pki");
+    std::fs::create_dir_all(pki_dir.join("etcd"))?;
+    let files = cluster.client_tls().context("a TLS cluster")?;
+    std::fs::copy(&files.ca, pki_dir.join("etcd/ca.crt"))?;
+    std::fs::copy(&files.cert, pki_dir.join("apiserver-etcd-client.crt"))?;
+    std::fs::copy(&files.key, pki_dir.join("apiserver-etcd-client.key"))?;
+    let ca = pki::Ca::generate("cluster-ca")?;
+    std::fs::write(pki_dir.join("ca.crt"), ca.cert_pem())?;
+
+    let net = Subnet::next();
+    let front_ip = net.ip(21);
+    let api = tb::Backend::start(
+        host,
+        &tb::serving_cert(&ca, "api", &[host, front_ip])?,
+        "member-api",
+    )
+    .await?;
+    let listen = std::net::SocketAddr::new(front_ip, free_port(front_ip)?);
+    let state = NodeState {
+        version: NODE_STATE_VERSION,
+        origin: Origin::Bootstrap,
+        node_name: "m1".into(),
+        node_ip: host,
+        pki_dir: pki_dir.clone(),
+        api_server: format!("https://{host}:{}", api.addr.port()),
+        etcd: EtcdMember {
+            name: "m1".into(),
+            client_url: member_url.clone(),
+            peer_url: String::new(),
+            data_dir: dir.path().join("etcd"),
+            initial_cluster: String::new(),
+            initial_cluster_state: ClusterState::New,
+            member_id: None,
+            learner: false,
+        },
+        cluster_endpoints: vec![],
+    };
+    let fc = FrontConfig {
+        haproxy,
+        listen: listen.to_string(),
+        api_port: api.addr.port(),
+        interval: Duration::from_millis(500),
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = front::spawn_for_node(&state, dir.path(), &fc, stop.clone());
+    let client = tb::connector(ca.cert_pem())?;
+    wait_for("the node's front to answer", || async {
+        tb::get(&client, listen, "/who").await.is_ok()
+    })
+    .await
+    .with_context(|| {
+        std::fs::read_to_string(dir.path().join("logs/haproxy.log")).unwrap_or_default()
+    })?;
+    assert_eq!(tb::get(&client, listen, "/who").await?, "member-api");
+    let cfg = std::fs::read_to_string(dir.path().join("haproxy.cfg"))?;
+    assert!(
+        cfg.contains(&format!("server apiserver-{host} {}", api.addr)),
+        "{cfg}"
+    );
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task).await??;
+    assert!(
+        tokio::net::TcpStream::connect(listen).await.is_err(),
+        "HAProxy still listens after the node stopped"
+    );
+    Ok(())
+}
