@@ -2,7 +2,7 @@
 //! against the schema its `k8s-openapi` type carries (offline, strict: an unknown or
 //! mistyped field fails), kubectl applies every manifest to the API double, and every
 //! systemd unit passes `systemd-analyze verify` with the flags its `ExecStart` passes known
-//! to the binary it starts.
+//! to the binary it starts, as does every container of ours in a manifest.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,8 +67,8 @@ fn every_manifest_is_valid_against_the_openapi_types() -> anyhow::Result<()> {
             checked += 1;
         }
     }
-    // The nebula-manager manifest alone holds 9 documents.
-    ensure!(checked >= 9, "only {checked} documents checked");
+    // nebula-manager's 9 documents and outpost-agent's 3.
+    ensure!(checked >= 12, "only {checked} documents checked");
     Ok(())
 }
 
@@ -130,6 +130,80 @@ fn exec_start(unit: &str) -> anyhow::Result<(String, Vec<String>)> {
     Ok((name.to_string(), words.collect()))
 }
 
+/// Fails unless `name`'s subcommand in `args` exists and knows every `--flag` in `args`
+/// (its `--help` lists them); `origin` names the file that passes them.
+fn check_flags(name: &str, args: &[String], origin: &Path) -> anyhow::Result<()> {
+    let binary = e2e::binary(name);
+    let sub: Vec<&str> = args
+        .iter()
+        .take_while(|a| !a.starts_with('-'))
+        .map(String::as_str)
+        .collect();
+    let help = Command::new(&binary).args(&sub).arg("--help").output()?;
+    ensure!(
+        help.status.success(),
+        "{}: {name} {sub:?} --help failed: the subcommand does not exist",
+        origin.display()
+    );
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in args.iter().filter(|a| a.starts_with("--")) {
+        let flag = flag.split('=').next().unwrap_or(flag);
+        ensure!(
+            help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+            "{}: {name} {} has no flag {flag}",
+            origin.display(),
+            sub.join(" ")
+        );
+    }
+    Ok(())
+}
+
+/// Every container of ours (image `.../<binary>:tag`) passes only flags its binary has, and
+/// the agent's ConfigMap holds an agent.yaml the agent accepts for any node name.
+#[test]
+fn every_container_passes_only_flags_its_binary_has() -> anyhow::Result<()> {
+    let mut checked = Vec::new();
+    for path in files(&deploy_dir(), "yaml")? {
+        for doc in documents(&path)? {
+            if doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == "outpost-agent" {
+                let text = doc["data"]["agent.yaml"]
+                    .as_str()
+                    .context("the outpost-agent ConfigMap has no agent.yaml")?;
+                agent::AgentConfig::parse_for_node(text, &path, Some("node-1"))
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                checked.push("agent.yaml".to_string());
+            }
+            let containers = doc
+                .pointer("/spec/template/spec/containers")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            for c in containers {
+                let image = c["image"].as_str().unwrap_or("");
+                let name = image.rsplit('/').next().unwrap_or("");
+                let name = name.split(':').next().unwrap_or("");
+                if !["outpost-agent", "nebula-manager", "stratum-server"].contains(&name) {
+                    continue;
+                }
+                let args: Vec<String> = c["args"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|a| a.as_str().map(str::to_string))
+                    .collect();
+                check_flags(name, &args, &path)?;
+                checked.push(name.to_string());
+            }
+        }
+    }
+    checked.sort();
+    ensure!(
+        checked == ["agent.yaml", "nebula-manager", "outpost-agent"],
+        "checked {checked:?}: expected the agent's config and the two containers"
+    );
+    Ok(())
+}
+
 #[test]
 fn every_unit_verifies_and_passes_only_flags_its_binary_has() -> anyhow::Result<()> {
     let analyze = tool("systemd-analyze", "systemd")?;
@@ -137,28 +211,8 @@ fn every_unit_verifies_and_passes_only_flags_its_binary_has() -> anyhow::Result<
     for path in files(&deploy_dir().join("systemd"), "service")? {
         let text = std::fs::read_to_string(&path)?;
         let (name, args) = exec_start(&text).with_context(|| path.display().to_string())?;
+        check_flags(&name, &args, &path)?;
         let binary = e2e::binary(&name);
-        // The subcommand's --help lists every flag the unit may pass.
-        let sub: Vec<&str> = args
-            .iter()
-            .take_while(|a| !a.starts_with('-'))
-            .map(String::as_str)
-            .collect();
-        let help = Command::new(&binary).args(&sub).arg("--help").output()?;
-        ensure!(
-            help.status.success(),
-            "{name} {sub:?} --help failed: the unit's subcommand does not exist"
-        );
-        let help = String::from_utf8_lossy(&help.stdout);
-        for flag in args.iter().filter(|a| a.starts_with("--")) {
-            let flag = flag.split('=').next().unwrap_or(flag);
-            ensure!(
-                help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
-                "{}: {name} {} has no flag {flag}",
-                path.display(),
-                sub.join(" ")
-            );
-        }
         // systemd-analyze checks that the executable exists: point it at the built one.
         let local = scratch
             .path()

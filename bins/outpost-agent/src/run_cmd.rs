@@ -1,4 +1,4 @@
-//! `outpost-agent run --config F`: the worker daemon (`agent::run`), until SIGTERM.
+//! `outpost-agent run --config F [--node-name NAME]`: the worker daemon (`agent::run`), until SIGTERM.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,12 +10,16 @@ pub struct Args {
     /// `nodeName`, `kubeconfig`, `health`, `admin`, `dataPlane`, `tunnel`.
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
+    /// This node's name, overriding the file's `nodeName`: one file for every node, as the
+    /// DaemonSet in docs/deploy/outpost-agent.yaml passes `$(NODE_NAME)`.
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Installed first, so a signal during start-up is already a clean shutdown.
     let shutdown = cmdline::shutdown_token();
-    let config = agent::AgentConfig::load(&args.config)?;
+    let config = agent::AgentConfig::load_for_node(&args.config, args.node_name.as_deref())?;
     agent::run::run(config, agent::run::RunOptions::default(), shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }

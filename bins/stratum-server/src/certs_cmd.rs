@@ -146,7 +146,11 @@ fn human(secs: i64) -> String {
 async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let now = SystemTime::now();
     let report = pki::check(&args.pki_dir, now)?;
-    let key = ha::operator::certificate_key_age(args.kubeconfig.as_deref(), now.into()).await;
+    let key = ha::operator::certificate_key_age(
+        args.kubeconfig.as_deref(),
+        jiff::Timestamp::try_from(now)?,
+    )
+    .await;
     let attention = report.attention(args.warn_within);
     let key_failed = key.fails(args.key_max_age);
     let ok = attention.is_empty() && !key_failed && !report.certs.is_empty();

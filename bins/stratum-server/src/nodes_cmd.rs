@@ -289,10 +289,10 @@ fn write_table(
             s.started,
             s.leader,
             s.last_run_at
-                .map(|t| t.to_rfc3339())
+                .map(|t| t.to_string())
                 .unwrap_or_else(|| "-".into()),
             s.last_success_at
-                .map(|t| t.to_rfc3339())
+                .map(|t| t.to_string())
                 .unwrap_or_else(|| "-".into()),
             s.consecutive_failures,
             s.last_error.as_deref().unwrap_or("-"),

@@ -29,7 +29,7 @@ pub struct OperatorArgs {
 pub async fn run(args: OperatorArgs) -> anyhow::Result<ExitCode> {
     let client = cmdline::kube_client(args.kubeconfig.as_deref()).await?;
     if args.once {
-        let report = ha::operator::pass(&client, chrono::Utc::now()).await?;
+        let report = ha::operator::pass(&client, jiff::Timestamp::now()).await?;
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
     }

@@ -110,7 +110,7 @@ async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
         grant,
     };
     // Everything that can be refused locally is refused before the API is asked.
-    req.expiration(chrono::Utc::now())?;
+    req.expiration(jiff::Timestamp::now())?;
 
     let config = match &args.kubeconfig {
         Some(path) => load_kubeconfig(path).await?,
@@ -129,7 +129,7 @@ async fn create(args: CreateArgs) -> anyhow::Result<ExitCode> {
         token: minted,
         cert_key,
         ..
-    } = mint::mint(&client, &req, chrono::Utc::now()).await?;
+    } = mint::mint(&client, &req, jiff::Timestamp::now()).await?;
 
     let join = join_command(&server, &minted, &ca_hash, cert_key.as_ref());
     if cert_key.is_some() {
@@ -206,9 +206,7 @@ fn default_server(config: &kube::Config) -> anyhow::Result<String> {
 }
 
 fn expiration(minted: &MintedToken) -> String {
-    minted
-        .expiration
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    minted.expiration.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 fn join_command(

@@ -243,6 +243,8 @@ fn max_restart_backoff<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FileYaml {
+    /// Required, unless `--node-name` gives it (a DaemonSet's one file for every node).
+    #[serde(default)]
     node_name: String,
     #[serde(default)]
     kubeconfig: Option<PathBuf>,
@@ -328,12 +330,43 @@ impl AgentConfig {
         AgentConfig::parse(&text, path)
     }
 
+    /// [`AgentConfig::load`], with `nodeName` taken from `node_name` when given (a
+    /// DaemonSet passes the Pod's `spec.nodeName`, so one file serves every node). The
+    /// name is checked as the file's would be.
+    pub fn load_for_node(path: &Path, node_name: Option<&str>) -> Result<AgentConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        AgentConfig::parse_for_node(&text, path, node_name)
+    }
+
     /// Parses and checks configuration text; `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<AgentConfig, ConfigError> {
-        let file: FileYaml = serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+        AgentConfig::parse_for_node(text, path, None)
+    }
+
+    /// [`AgentConfig::parse`] with an optional `nodeName` override (see
+    /// [`AgentConfig::load_for_node`]).
+    pub fn parse_for_node(
+        text: &str,
+        path: &Path,
+        node_name: Option<&str>,
+    ) -> Result<AgentConfig, ConfigError> {
+        let mut file: FileYaml = serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
             reason: redact_values(&e.to_string()),
         })?;
+        if let Some(name) = node_name {
+            file.node_name = name.to_string();
+        }
+        if file.node_name.is_empty() {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                field: "nodeName".into(),
+                reason: "missing: name this node in the file, or pass --node-name".into(),
+            });
+        }
         let invalid = |field: &str, reason: String| ConfigError::Invalid {
             path: path.to_path_buf(),
             field: field.to_string(),
@@ -520,6 +553,22 @@ mod tests {
     }
 
     const SECRET: &str = "abcdef.0123456789abcdef";
+
+    #[test]
+    fn node_name_comes_from_the_file_or_the_override() {
+        let path = Path::new("agent.yaml");
+        let err = AgentConfig::parse("kubeconfig: /k\n", path).unwrap_err();
+        assert!(
+            err.to_string().contains("nodeName") && err.to_string().contains("--node-name"),
+            "{err}"
+        );
+        let c = AgentConfig::parse_for_node("kubeconfig: /k\n", path, Some("w7")).unwrap();
+        assert_eq!(c.node_name, "w7");
+        let c = AgentConfig::parse_for_node("nodeName: w1\n", path, Some("w2")).unwrap();
+        assert_eq!(c.node_name, "w2");
+        let err = AgentConfig::parse_for_node("nodeName: w1\n", path, Some("W_2")).unwrap_err();
+        assert!(err.to_string().contains("nodeName"), "{err}");
+    }
 
     #[test]
     fn a_minimal_file_gets_every_default() {

@@ -176,7 +176,7 @@ impl Env {
             TokenRole::ControlPlane,
             Duration::from_secs(3600),
             None,
-            chrono::Utc::now(),
+            jiff::Timestamp::now(),
         )
         .await?;
         let key = CertKey::generate();

@@ -34,7 +34,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, PostParams};
@@ -303,7 +303,7 @@ async fn grant_token_states(
     client: &kube::Client,
     observed: Option<&Secret>,
     known_live: Option<&str>,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Result<BTreeMap<String, TokenState>, GrantError> {
     let mut states = BTreeMap::new();
     for id in plan::grant_token_ids(observed) {
@@ -344,7 +344,7 @@ where
             .get_opt(SECRET_NAME)
             .await
             .map_err(secret_api_error("read"))?;
-        let now = Utc::now();
+        let now = Timestamp::now();
         let owner_id = request.owner.map(|o| o.token_id.as_str());
         let tokens = grant_token_states(client, observed.as_ref(), owner_id, now).await?;
         let generation = plan::next_generation(observed.as_ref())?;
@@ -640,13 +640,13 @@ pub async fn download_certs_admin(
 /// live grant and the owner references as read. Writes nothing when nothing expired, and
 /// leaves an absent Secret absent. Returns the entries dropped.
 pub async fn prune_expired_grants(client: &kube::Client) -> Result<Vec<String>, GrantError> {
-    prune_expired_grants_at(client, Utc::now).await
+    prune_expired_grants_at(client, Timestamp::now).await
 }
 
 /// [`prune_expired_grants`] with the clock token expiry is judged against.
 pub async fn prune_expired_grants_at(
     client: &kube::Client,
-    now: impl Fn() -> DateTime<Utc>,
+    now: impl Fn() -> Timestamp,
 ) -> Result<Vec<String>, GrantError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
     for attempt in 1..=MAX_WRITE_ATTEMPTS {
@@ -687,7 +687,7 @@ pub async fn prune_expired_grants_at(
 /// Secret.
 pub async fn shared_certs_key_set_at(
     client: &kube::Client,
-) -> Result<Option<DateTime<Utc>>, GrantError> {
+) -> Result<Option<Timestamp>, GrantError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
     let Some(secret) = api
         .get_opt(SECRET_NAME)
@@ -701,11 +701,8 @@ pub async fn shared_certs_key_set_at(
         .annotations
         .as_ref()
         .and_then(|a| a.get(KEY_SET_AT_ANNOTATION))
-        .and_then(|v| DateTime::parse_from_rfc3339(v.trim()).ok())
-        .map(|t| t.with_timezone(&Utc));
-    let created = secret.metadata.creation_timestamp.and_then(|t| {
-        DateTime::from_timestamp(t.0.as_second(), t.0.subsec_nanosecond().max(0) as u32)
-    });
+        .and_then(|v| v.trim().parse::<Timestamp>().ok());
+    let created = secret.metadata.creation_timestamp.map(|t| t.0);
     Ok(annotated.or(created))
 }
 

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 
 use crate::bootstrap::{PublishError, ServerPolicy, ensure_discovery_with};
 use crate::grants::{self, CertKey, GrantError, GrantOwner, UploadProfile};
@@ -86,7 +86,7 @@ impl MintRequest<'_> {
     /// When the token would expire if minted at `now`; refuses (pure, before anything is
     /// asked of the API) a zero TTL, a long control-plane TTL not allowed, and a TTL past
     /// the calendar.
-    pub fn expiration(&self, now: DateTime<Utc>) -> Result<DateTime<Utc>, TokenError> {
+    pub fn expiration(&self, now: Timestamp) -> Result<Timestamp, TokenError> {
         tokens::token_expiration(self.role(), self.ttl, self.allow_long_ttl, now)
     }
 }
@@ -168,7 +168,7 @@ pub enum MintError {
 pub async fn mint(
     client: &kube::Client,
     req: &MintRequest<'_>,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Result<Minted, MintError> {
     req.expiration(now).map_err(MintError::Refused)?;
     grants::narrow_certs_reader_binding(client)

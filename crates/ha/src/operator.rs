@@ -7,7 +7,7 @@
 //! while it holds the `kube-system/stratum-operator` Lease, so one controller at a time
 //! writes.
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 
 use crate::grants::{self, GrantError};
 
@@ -22,19 +22,19 @@ pub struct PassReport {
     /// Grant entries dropped (their tokens expired or are gone).
     pub pruned: Vec<String>,
     /// When the shared certificate-key was last set; `None` without a grant Secret.
-    pub key_set_at: Option<DateTime<Utc>>,
+    pub key_set_at: Option<Timestamp>,
     /// Its age in seconds at the pass, when known.
     pub key_age_seconds: Option<i64>,
 }
 
 /// One operator pass at `now`.
-pub async fn pass(client: &kube::Client, now: DateTime<Utc>) -> Result<PassReport, GrantError> {
+pub async fn pass(client: &kube::Client, now: Timestamp) -> Result<PassReport, GrantError> {
     let pruned = grants::prune_expired_grants_at(client, || now).await?;
     let key_set_at = grants::shared_certs_key_set_at(client).await?;
     Ok(PassReport {
         pruned,
         key_set_at,
-        key_age_seconds: key_set_at.map(|t| (now - t).num_seconds().max(0)),
+        key_age_seconds: key_set_at.map(|t| now.duration_since(t).as_secs().max(0)),
     })
 }
 
@@ -95,7 +95,7 @@ pub async fn run(
 ) {
     loop {
         if is_leader() {
-            match pass(client, Utc::now()).await {
+            match pass(client, Timestamp::now()).await {
                 Ok(r) => {
                     metrics.observe(&r);
                     tracing::info!(pruned = ?r.pruned, key_age_seconds = ?r.key_age_seconds, "operator pass");
@@ -152,10 +152,7 @@ impl KeyAge {
 /// The shared certificate-key's age at `now`, asked with the admin `kubeconfig` (none:
 /// [`KeyAge::NotChecked`]). A failure to ask is a value ([`KeyAge::Error`]), so the
 /// report still shows every certificate.
-pub async fn certificate_key_age(
-    kubeconfig: Option<&std::path::Path>,
-    now: DateTime<Utc>,
-) -> KeyAge {
+pub async fn certificate_key_age(kubeconfig: Option<&std::path::Path>, now: Timestamp) -> KeyAge {
     let Some(path) = kubeconfig else {
         return KeyAge::NotChecked;
     };
@@ -170,8 +167,8 @@ pub async fn certificate_key_age(
     match crate::grants::shared_certs_key_set_at(&client).await {
         Ok(None) => KeyAge::NotPublished,
         Ok(Some(at)) => KeyAge::Set {
-            set_at: at.to_rfc3339(),
-            age_secs: (now - at).num_seconds(),
+            set_at: at.to_string(),
+            age_secs: now.duration_since(at).as_secs(),
         },
         Err(e) => KeyAge::Error {
             error: crate::error_chain(&e),

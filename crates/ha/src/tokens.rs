@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use jiff::Timestamp;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -93,7 +93,7 @@ pub fn validate_group(group: &str) -> Result<(), TokenError> {
 pub fn token_secret(
     token: &BootstrapToken,
     role: TokenRole,
-    expiration: DateTime<Utc>,
+    expiration: Timestamp,
     description: Option<&str>,
 ) -> Result<Secret, TokenError> {
     for group in role.groups() {
@@ -107,7 +107,7 @@ pub fn token_secret(
     put("token-secret", token.secret());
     put(
         "expiration",
-        &expiration.to_rfc3339_opts(SecondsFormat::Secs, true),
+        &expiration.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
     );
     put("usage-bootstrap-authentication", "true");
     put("usage-bootstrap-signing", "true");
@@ -130,7 +130,7 @@ pub fn token_secret(
 pub use hacore::tokens::TokenState;
 
 /// Judges a token Secret as read (`None`: not found) at `now` (pure).
-pub fn token_state(secret: Option<&Secret>, now: DateTime<Utc>) -> TokenState {
+pub fn token_state(secret: Option<&Secret>, now: Timestamp) -> TokenState {
     let Some(secret) = secret else {
         return TokenState::Gone;
     };
@@ -145,8 +145,8 @@ pub fn token_state(secret: Option<&Secret>, now: DateTime<Utc>) -> TokenState {
     match expiration {
         // No expiration: a token that never expires (kubeadm's --ttl 0).
         None => TokenState::Live,
-        Some(text) => match DateTime::parse_from_rfc3339(text.trim()) {
-            Ok(at) if at.with_timezone(&Utc) > now => TokenState::Live,
+        Some(text) => match text.trim().parse::<Timestamp>() {
+            Ok(at) if at > now => TokenState::Live,
             _ => TokenState::Expired,
         },
     }
@@ -158,7 +158,7 @@ pub struct MintedToken {
     /// The token itself.
     pub token: BootstrapToken,
     /// When it expires.
-    pub expiration: DateTime<Utc>,
+    pub expiration: Timestamp,
     /// The UID the API server gave its Secret.
     pub uid: String,
 }
@@ -190,8 +190,8 @@ pub fn token_expiration(
     role: TokenRole,
     ttl: Duration,
     allow_long: bool,
-    now: DateTime<Utc>,
-) -> Result<DateTime<Utc>, TokenError> {
+    now: Timestamp,
+) -> Result<Timestamp, TokenError> {
     let bad = |reason: String| TokenError::Ttl {
         text: humanize(ttl),
         reason,
@@ -208,9 +208,9 @@ pub fn token_expiration(
             humanize(MAX_CONTROL_PLANE_TTL)
         )));
     }
-    chrono::Duration::from_std(ttl)
+    jiff::SignedDuration::try_from(ttl)
         .ok()
-        .and_then(|d| now.checked_add_signed(d))
+        .and_then(|d| now.checked_add(d).ok())
         .ok_or_else(|| bad("it ends past the last date the calendar can hold".into()))
 }
 
@@ -243,7 +243,7 @@ pub async fn create_token(
     role: TokenRole,
     ttl: Duration,
     description: Option<&str>,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Result<MintedToken, TokenError> {
     mint_token(
         client,
@@ -262,7 +262,7 @@ pub async fn create_token(
 pub async fn mint_token(
     client: &kube::Client,
     request: &TokenRequest<'_>,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Result<MintedToken, TokenError> {
     let (role, description) = (request.role, request.description);
     let expiration = token_expiration(role, request.ttl, request.allow_long_ttl, now)?;
@@ -327,7 +327,7 @@ pub async fn delete_token(client: &kube::Client, minted: &MintedToken) -> Result
 pub async fn lookup_token_state(
     client: &kube::Client,
     token_id: &str,
-    now: DateTime<Utc>,
+    now: Timestamp,
 ) -> Result<TokenState, TokenError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), TOKEN_NAMESPACE);
     let name = token_secret_name(token_id);
@@ -509,9 +509,9 @@ mod tests {
 
     #[test]
     fn token_lifetimes_are_checked_not_overflowed() {
-        let now = Utc::now();
+        let now = Timestamp::now();
         let hours = |h: u64| Duration::from_secs(h * 3600);
-        // 3000000000h ends past chrono's calendar: an error, not a panic.
+        // 3000000000h ends past the calendar jiff holds (year 9999): an error, not a panic.
         let huge = parse_ttl("3000000000h").unwrap();
         let err = token_expiration(TokenRole::Worker, huge, true, now).unwrap_err();
         assert!(err.to_string().contains("calendar"), "{err}");
@@ -519,7 +519,7 @@ mod tests {
         assert!(err.to_string().contains("--allow-long-ttl"), "{err}");
         assert_eq!(
             token_expiration(TokenRole::ControlPlane, hours(24), false, now).unwrap(),
-            now + chrono::Duration::hours(24)
+            now + jiff::SignedDuration::from_hours(24)
         );
         let err = token_expiration(TokenRole::ControlPlane, hours(25), false, now).unwrap_err();
         assert!(
@@ -565,9 +565,7 @@ mod tests {
     #[test]
     fn token_secret_has_the_bootstrap_shape() {
         let token = BootstrapToken::parse("abcdef.0123456789abcdef").unwrap();
-        let at = DateTime::parse_from_rfc3339("2030-01-02T03:04:05Z")
-            .unwrap()
-            .with_timezone(&Utc);
+        let at = "2030-01-02T03:04:05Z".parse::<Timestamp>().unwrap();
         let secret = token_secret(&token, TokenRole::ControlPlane, at, Some("cp join")).unwrap();
         assert_eq!(
             secret.metadata.name.as_deref(),
@@ -597,18 +595,18 @@ mod tests {
     #[test]
     fn token_state_judges_expiry() {
         let token = BootstrapToken::parse("abcdef.0123456789abcdef").unwrap();
-        let now = Utc::now();
+        let now = Timestamp::now();
         let live = token_secret(
             &token,
             TokenRole::Worker,
-            now + chrono::Duration::hours(1),
+            now + jiff::SignedDuration::from_hours(1),
             None,
         )
         .unwrap();
         let expired = token_secret(
             &token,
             TokenRole::Worker,
-            now - chrono::Duration::seconds(1),
+            now - jiff::SignedDuration::from_secs(1),
             None,
         )
         .unwrap();

@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use std::fmt::Write as _;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -34,10 +34,10 @@ pub struct Status {
     #[serde(default)]
     pub leader: bool,
     /// When the most recent pass finished, successful or not.
-    pub last_run_at: Option<DateTime<Utc>>,
+    pub last_run_at: Option<Timestamp>,
     /// When the most recent successful pass finished.
     #[serde(default)]
-    pub last_success_at: Option<DateTime<Utc>>,
+    pub last_success_at: Option<Timestamp>,
     /// How long the most recent pass took (plan and writes), in milliseconds.
     #[serde(default)]
     pub last_pass_ms: Option<u64>,
@@ -281,11 +281,11 @@ impl Monitor {
         if let Some(took) = took {
             self.metrics.last_pass_seconds.set(took.as_secs_f64());
         }
-        let now = Utc::now();
+        let now = Timestamp::now();
         if result.is_ok() {
             self.metrics
                 .last_success
-                .set(now.timestamp_millis() as f64 / 1000.0);
+                .set(now.as_millisecond() as f64 / 1000.0);
         }
         self.with(|st| {
             let before = st.consecutive_failures;

@@ -90,7 +90,7 @@ fn bytes_response(code: u16, b: Vec<u8>) -> Response<Body> {
 }
 
 fn now_secs() -> i64 {
-    chrono::Utc::now().timestamp()
+    crate::times::now_secs()
 }
 
 fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {

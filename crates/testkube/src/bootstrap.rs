@@ -63,9 +63,7 @@ pub fn parse_token(token: &str) -> Option<(&str, &str)> {
 pub fn expired(secret: &Value, now: i64) -> bool {
     match data(secret, "expiration") {
         None => false,
-        Some(exp) => {
-            chrono::DateTime::parse_from_rfc3339(exp.trim()).map_or(true, |t| t.timestamp() <= now)
-        }
+        Some(exp) => crate::times::parse_rfc3339(exp.trim()).map_or(true, |t| t.as_second() <= now),
     }
 }
 
@@ -219,7 +217,7 @@ pub fn is_cluster_info_read(method: &http::Method, path: &str) -> bool {
 pub(crate) async fn run(state: Arc<State>, cancel: CancellationToken) {
     let mut rx = state.store.subscribe();
     loop {
-        let changed = sign_pass(&mut state.store.lock(), chrono::Utc::now().timestamp());
+        let changed = sign_pass(&mut state.store.lock(), crate::times::now_secs());
         if changed {
             state.notify();
         }

@@ -319,8 +319,8 @@ pub fn expired_tokens(secrets: &[Arc<Value>], now: i64) -> Vec<(String, String, 
                 .and_then(Value::as_str)
                 .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
                 .and_then(|raw| String::from_utf8(raw).ok())
-                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t.trim()).ok())
-                .is_some_and(|exp| exp.timestamp() <= now)
+                .and_then(|t| crate::times::parse_rfc3339(t.trim()).ok())
+                .is_some_and(|exp| exp.as_second() <= now)
         })
         .map(|s| {
             let (ns, name) = obj_key(s);

@@ -479,10 +479,7 @@ fn logs(
     let timestamps = flag(pairs, "timestamps");
     let stamp = move |line: &str| {
         if timestamps {
-            format!(
-                "{} {line}",
-                chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.9fZ")
-            )
+            format!("{:.9} {line}", jiff::Timestamp::now())
         } else {
             line.to_string()
         }

@@ -46,6 +46,7 @@ pub mod status;
 pub mod store;
 pub mod strategy;
 pub mod table;
+pub mod times;
 pub mod tls;
 pub mod typed;
 pub mod watch;

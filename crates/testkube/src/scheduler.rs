@@ -36,7 +36,7 @@ fn s<'a>(v: &'a Value, ptr: &str) -> &'a str {
 }
 
 fn now() -> String {
-    crate::strategy::rfc3339(chrono::Utc::now().timestamp())
+    crate::strategy::rfc3339(crate::times::now_secs())
 }
 
 /// Whether the scheduler should place this pod.

@@ -36,7 +36,7 @@ pub struct KubeletOptions {
 }
 
 fn ready_condition(status: &str, reason: &str, message: &str) -> serde_json::Value {
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let now = crate::times::format_secs(jiff::Timestamp::now());
     json!({
         "type": "Ready",
         "status": status,

@@ -719,15 +719,13 @@ fn normalize_at(v: &mut Value, path: &str) -> Result<(), String> {
                         Value::Null => {}
                         Value::String(s) if s.is_empty() => *val = Value::Null,
                         Value::String(s) => {
-                            let t =
-                                chrono::DateTime::parse_from_rfc3339(s.trim()).map_err(|e| {
-                                    format!("{here}: cannot parse {s:?} as an RFC 3339 time: {e}")
-                                })?;
-                            let utc = t.with_timezone(&chrono::Utc);
+                            let t = crate::times::parse_rfc3339(s.trim()).map_err(|e| {
+                                format!("{here}: cannot parse {s:?} as an RFC 3339 time: {e}")
+                            })?;
                             *val = Value::String(if micro {
-                                utc.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+                                crate::times::format_micros(t)
                             } else {
-                                utc.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+                                crate::times::format_secs(t)
                             });
                         }
                         other => {
@@ -962,10 +960,7 @@ pub fn should_remove_after_update(obj: &Value) -> bool {
 
 /// RFC 3339 in UTC with second precision, as metav1.Time marshals.
 pub fn rfc3339(secs: i64) -> String {
-    chrono::DateTime::from_timestamp(secs, 0)
-        .unwrap_or_default()
-        .format("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+    crate::times::rfc3339(secs)
 }
 
 #[cfg(test)]

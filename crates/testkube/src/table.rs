@@ -69,8 +69,8 @@ fn s<'a>(o: &'a Value, p: &str) -> &'a str {
 }
 
 fn age(o: &Value, now: i64) -> String {
-    match chrono::DateTime::parse_from_rfc3339(s(o, "/metadata/creationTimestamp")) {
-        Ok(t) => human_duration(now - t.timestamp()),
+    match crate::times::parse_rfc3339(s(o, "/metadata/creationTimestamp")) {
+        Ok(t) => human_duration(now - t.as_second()),
         Err(_) => "<unknown>".into(),
     }
 }

@@ -105,14 +105,8 @@ fn emit(buf: &mut BytesMut, spec: &WatchSpec, first: &mut bool, kind: &str, obj:
         Some(include) if kind != "ERROR" && kind != "BOOKMARK" => {
             let res = &RESOURCES[spec.res];
             let meta = json!({"resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)});
-            let t = crate::table::table(
-                res,
-                &[obj],
-                meta,
-                include,
-                *first,
-                chrono::Utc::now().timestamp(),
-            );
+            let t =
+                crate::table::table(res, &[obj], meta, include, *first, crate::times::now_secs());
             *first = false;
             push_event(buf, kind, &t);
         }

@@ -11,10 +11,15 @@
 //!   (`testkube kubelet`) on the node's derived port, and `outpost-agent run`, which keeps
 //!   the worker's `ssh -R` tunnel up.
 //!
+//! With `--kubeconfig F` the workers, the reconciler and nebula-manager use a real
+//! cluster's API server instead (`real`); the control-plane hosts keep the API double,
+//! since growing a control plane needs its CA's keys.
+//!
 //! Operations: `docs/sandbox.md`.
 
 mod net;
 mod procs;
+mod real;
 mod tour;
 
 use std::net::Ipv4Addr;
@@ -43,6 +48,12 @@ pub struct Args {
     /// Keep the working directory after stopping (logs for a failed run).
     #[arg(long)]
     pub keep: bool,
+    /// Run the workers, the node-address reconciler and nebula-manager against this
+    /// cluster instead of the API double (its server must be https://IPv4:PORT on this
+    /// machine's reach; see docs/sandbox.md). What the sandbox creates there is deleted
+    /// when it stops.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// The control-plane hosts: names and their addresses on loopback.
@@ -88,6 +99,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let bins = step("building the binaries", build)?;
     let (dir, made_dir) = working_dir(args.dir.as_deref())?;
     eprintln!("sandbox: working directory {}", dir.display());
+    let cluster_nodes: Vec<String> = (1..=WORKERS)
+        .map(worker_name)
+        .chain(["nebula-process".to_string()])
+        .collect();
+    let mut cluster = match &args.kubeconfig {
+        None => None,
+        Some(kc) => Some(step(
+            &format!("checking the cluster of {}", kc.display()),
+            || real::inspect(kc, &dir, &cluster_nodes),
+        )?),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -100,7 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Net::create(WORKERS)
         })?;
         let mut procs = Procs::new(&dir)?;
-        let outcome = bring_up(&bins, &dir, &mut procs).and_then(|sbx| {
+        let outcome = bring_up(&bins, &dir, &mut procs, cluster.as_mut()).and_then(|sbx| {
             let failed = tour::run(&sbx, &mut procs);
             if args.once {
                 tour::cleanup(&sbx);
@@ -117,6 +139,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(failed)
         });
         procs.stop_all();
+        if let Some(c) = &cluster {
+            // After the kubelets and the manager stopped, or they would register again.
+            step("removing the sandbox's objects from the cluster", || {
+                real::cleanup(c, &cluster_nodes);
+                Ok(())
+            })?;
+        }
         drop(net);
         outcome
     };
@@ -316,8 +345,26 @@ fn field(v: &serde_json::Value, key: &str) -> anyhow::Result<String> {
         .to_string())
 }
 
-fn bring_up(bins: &Bins, dir: &Path, procs: &mut Procs) -> anyhow::Result<Sandbox> {
+/// A worker's node name.
+fn worker_name(i: u8) -> String {
+    format!("w{i}")
+}
+
+fn bring_up(
+    bins: &Bins,
+    dir: &Path,
+    procs: &mut Procs,
+    mut cluster: Option<&mut real::Cluster>,
+) -> anyhow::Result<Sandbox> {
+    // The control plane's API double; the cluster's API (the tour's kubeconfig) is the
+    // same server unless --kubeconfig named a real one.
     let kubeconfig = dir.join("admin.kubeconfig");
+    let cluster_kc = cluster
+        .as_ref()
+        .map_or_else(|| kubeconfig.clone(), |c| c.kubeconfig.clone());
+    let api_server = cluster
+        .as_ref()
+        .map_or_else(|| format!("{HOST_IP}:{API_PORT}"), |c| c.server.to_string());
     let root = |name: &str| dir.join(name);
     let pki_of = |name: &str| dir.join(name).join("kubernetes/pki");
     let etcd = Command::new("sh")
@@ -468,7 +515,7 @@ fn bring_up(bins: &Bins, dir: &Path, procs: &mut Procs) -> anyhow::Result<Sandbo
             cmd.args(["nodes", "reconcile", "--tunnel", "ssh", "--interval", "5s"])
                 .args(["--admin-listen", RECONCILER_ADMIN])
                 .arg("--kubeconfig")
-                .arg(&kubeconfig);
+                .arg(&cluster_kc);
             procs.spawn("reconciler", cmd).map(|_| ())
         },
     )?;
@@ -480,29 +527,47 @@ fn bring_up(bins: &Bins, dir: &Path, procs: &mut Procs) -> anyhow::Result<Sandbo
             .args(["--health-listen", MANAGER_HEALTH])
             .args(["--admin-listen", MANAGER_ADMIN])
             .arg("--kubeconfig")
-            .arg(&kubeconfig)
+            .arg(&cluster_kc)
             .env("POD_IP", "127.0.0.1");
         procs.spawn("nebula-manager", cmd).map(|_| ())
     })?;
 
     // The workers.
+    if let Some(c) = cluster.as_deref() {
+        step(
+            &format!(
+                "relaying the workers' namespaces to the cluster's API server {}",
+                c.server
+            ),
+            || real::relay(c, WORKERS, procs),
+        )?;
+    }
     let mut workers = Vec::new();
     for i in 1..=WORKERS {
-        let name = format!("w{i}");
+        let name = worker_name(i);
         step(
             &format!(
                 "joining worker {name} in netns {} (outpost-agent join)",
                 net::netns(i)
             ),
             || {
-                let token = token_create(bins, &kubeconfig, &pki, &["--ttl", "1h"])?;
+                // Against a real cluster the pin is its CA's hash.
+                let ca_dir = cluster
+                    .as_ref()
+                    .map_or(pki.as_path(), |c| c.ca_dir.as_path());
+                let token = token_create(bins, &cluster_kc, ca_dir, &["--ttl", "1h"])?;
+                let secret = field(&token, "token")?;
+                if let Some(c) = cluster.as_deref_mut() {
+                    let id = secret.split('.').next().unwrap_or_default();
+                    c.token_ids.push(id.to_string());
+                }
                 let wroot = root(&name);
                 std::fs::create_dir_all(wroot.join("host"))?;
                 let config = wroot.join("agent.yaml");
                 write(&config, &agent_yaml(&name, i, &wroot, &ssh_dir, user))?;
                 let mut cmd = Net::exec(i, &bins.outpost);
-                cmd.args(["join", "--server", &format!("{HOST_IP}:{API_PORT}")])
-                    .args(["--token", &field(&token, "token")?])
+                cmd.args(["join", "--server", &api_server])
+                    .args(["--token", &secret])
                     .args([
                         "--discovery-token-ca-cert-hash",
                         &field(&token, "caCertHash")?,
@@ -526,7 +591,7 @@ fn bring_up(bins: &Bins, dir: &Path, procs: &mut Procs) -> anyhow::Result<Sandbo
                     .args(["--listen", &format!("127.0.0.1:{port}")])
                     .args(["--internal-ip", &net::worker_ip(i).to_string()])
                     .arg("--kubeconfig")
-                    .arg(&kubeconfig);
+                    .arg(&cluster_kc);
                 let k = procs.spawn(&format!("kubelet-{name}"), cmd)?;
                 procs.get(k).wait_log("served on", Duration::from_secs(30))
             },
@@ -544,7 +609,7 @@ fn bring_up(bins: &Bins, dir: &Path, procs: &mut Procs) -> anyhow::Result<Sandbo
     }
     Ok(Sandbox {
         dir: dir.to_path_buf(),
-        kubeconfig,
+        kubeconfig: cluster_kc,
         stratum: bins.stratum.clone(),
         pki,
         etcd_endpoints,

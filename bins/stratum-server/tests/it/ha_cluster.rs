@@ -863,7 +863,7 @@ async fn operator_prunes_the_grants_of_expired_tokens_and_reports_the_key_age() 
             ha::tokens::TokenRole::ControlPlane,
             Duration::from_secs(ttl),
             None,
-            chrono::Utc::now(),
+            jiff::Timestamp::now(),
         )
         .await?;
         ha::grants::upload_certs(
@@ -953,7 +953,7 @@ async fn the_operator_holds_its_lease_prunes_as_leader_and_serves_metrics() -> a
         ha::tokens::TokenRole::ControlPlane,
         Duration::from_secs(3600),
         None,
-        chrono::Utc::now(),
+        jiff::Timestamp::now(),
     )
     .await?;
     ha::grants::upload_certs(
@@ -970,7 +970,7 @@ async fn the_operator_holds_its_lease_prunes_as_leader_and_serves_metrics() -> a
         ha::tokens::TokenRole::ControlPlane,
         Duration::from_secs(1),
         None,
-        chrono::Utc::now(),
+        jiff::Timestamp::now(),
     )
     .await?;
     ha::grants::upload_certs(

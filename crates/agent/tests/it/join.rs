@@ -18,7 +18,7 @@ use super::common::{eventually_within, install_crypto};
 
 const TEMPLATE: &str = "nodeName: worker-1\nhealth: {listen: '127.0.0.1:9101'}\nkubelet: {}\n";
 
-fn token_secret(token: &BootstrapToken, expiration: chrono::DateTime<chrono::Utc>) -> Secret {
+fn token_secret(token: &BootstrapToken, expiration: jiff::Timestamp) -> Secret {
     let enc = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": format!("bootstrap-token-{}", token.id()), "namespace": "kube-system"},
@@ -26,7 +26,7 @@ fn token_secret(token: &BootstrapToken, expiration: chrono::DateTime<chrono::Utc
         "data": {
             "token-id": enc(token.id()),
             "token-secret": enc(token.secret()),
-            "expiration": enc(&expiration.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            "expiration": enc(&expiration.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
             "usage-bootstrap-authentication": enc("true"),
             "usage-bootstrap-signing": enc("true"),
             "auth-extra-groups": enc("system:bootstrappers:kubeadm:default-node-token"),
@@ -86,7 +86,10 @@ impl Cluster {
         Api::<Secret>::namespaced(client.clone(), "kube-system")
             .create(
                 &PostParams::default(),
-                &token_secret(&token, chrono::Utc::now() + chrono::Duration::hours(1)),
+                &token_secret(
+                    &token,
+                    jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1),
+                ),
             )
             .await
             .unwrap();
@@ -318,7 +321,10 @@ async fn an_expired_token_is_refused_and_writes_nothing() {
     Api::<Secret>::namespaced(c.server.client(), "kube-system")
         .create(
             &PostParams::default(),
-            &token_secret(&expired, chrono::Utc::now() - chrono::Duration::minutes(1)),
+            &token_secret(
+                &expired,
+                jiff::Timestamp::now() - jiff::SignedDuration::from_mins(1),
+            ),
         )
         .await
         .unwrap();

@@ -83,7 +83,7 @@ async fn mint(client: &kube::Client, ttl: Duration) -> anyhow::Result<MintedToke
         TokenRole::ControlPlane,
         ttl,
         None,
-        chrono::Utc::now(),
+        jiff::Timestamp::now(),
     )
     .await?)
 }
@@ -286,7 +286,7 @@ async fn expiry_prunes_only_the_expired_and_upload_drops_the_gone() -> anyhow::R
     assert!(secret_writes(&server).is_empty());
 
     // Ten minutes on, the one-minute token has expired; the two-hour one has not.
-    let later = || chrono::Utc::now() + chrono::Duration::minutes(10);
+    let later = || jiff::Timestamp::now() + jiff::SignedDuration::from_mins(10);
     let dropped = grants::prune_expired_grants_at(&client, later).await?;
     assert_eq!(dropped, [grants::grant_entry_name(short.token.id())]);
     let after = grant_secret(&client).await?.context("missing")?;
@@ -521,7 +521,7 @@ async fn damaged_swapped_or_misaddressed_entries_write_nothing() -> anyhow::Resu
         TokenRole::Worker,
         Duration::from_secs(600),
         None,
-        chrono::Utc::now(),
+        jiff::Timestamp::now(),
     )
     .await?;
     let kubeconfig = bootstrap_kubeconfig(&server, scratch.path(), &worker.token)?;
@@ -791,7 +791,7 @@ async fn key_proof_and_key_age_answer_from_the_secret() -> anyhow::Result<()> {
     let files = grants::read_bundle_files(pki_dir.path())?;
     let a = mint(&client, Duration::from_secs(3600)).await?;
     let key = CertKey::generate();
-    let started = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let started = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(1);
     upload(&client, &key, &a, &files).await?;
 
     let state = grants::published_bundle_carries_key(&client, Some(&config)).await?;
@@ -805,7 +805,7 @@ async fn key_proof_and_key_age_answer_from_the_secret() -> anyhow::Result<()> {
         .await?
         .context("no key age")?;
     assert!(
-        set_at >= started && set_at <= chrono::Utc::now(),
+        set_at >= started && set_at <= jiff::Timestamp::now(),
         "{set_at}"
     );
 

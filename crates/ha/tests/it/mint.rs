@@ -65,7 +65,7 @@ fn data_str(secret: &Secret, key: &str) -> String {
 async fn worker_and_control_plane_mints() -> anyhow::Result<()> {
     let server = ApiServer::start().await?;
     let client = server.client();
-    let worker = mint::mint(&client, &request(&server, None), chrono::Utc::now()).await?;
+    let worker = mint::mint(&client, &request(&server, None), jiff::Timestamp::now()).await?;
     assert!(worker.cert_key.is_none());
     let api: Api<Secret> = Api::namespaced(client.clone(), NS);
     let secret = api.get(&worker.token.token.secret_name()).await?;
@@ -84,7 +84,7 @@ async fn worker_and_control_plane_mints() -> anyhow::Result<()> {
     let cp = mint::mint(
         &client,
         &request(&server, Some(grant(dir.path())?)),
-        chrono::Utc::now(),
+        jiff::Timestamp::now(),
     )
     .await?;
     assert!(cp.cert_key.is_some());
@@ -121,7 +121,7 @@ async fn a_failed_grant_leaves_no_live_control_plane_token() -> anyhow::Result<(
 
     let mut long = request(&server, Some(g.clone()));
     long.ttl = Duration::from_secs(25 * 3600);
-    let err = mint::mint(&client, &long, chrono::Utc::now())
+    let err = mint::mint(&client, &long, jiff::Timestamp::now())
         .await
         .unwrap_err();
     assert!(matches!(err, MintError::Refused(_)), "{err}");
@@ -139,7 +139,7 @@ async fn a_failed_grant_leaves_no_live_control_plane_token() -> anyhow::Result<(
     let err = mint::mint(
         &client,
         &request(&server, Some(g.clone())),
-        chrono::Utc::now(),
+        jiff::Timestamp::now(),
     )
     .await
     .unwrap_err();
@@ -162,7 +162,7 @@ async fn a_failed_grant_leaves_no_live_control_plane_token() -> anyhow::Result<(
             .verb("delete")
             .resource("secrets"),
     );
-    let err = mint::mint(&client, &request(&server, Some(g)), chrono::Utc::now())
+    let err = mint::mint(&client, &request(&server, Some(g)), jiff::Timestamp::now())
         .await
         .unwrap_err();
     let MintError::Grant {
@@ -199,7 +199,7 @@ async fn a_minted_token_discovers_the_cluster_anonymously_and_nothing_else_is_pu
         .start()
         .await?;
     let client = server.client();
-    let first = mint::mint(&client, &request(&server, None), chrono::Utc::now()).await?;
+    let first = mint::mint(&client, &request(&server, None), jiff::Timestamp::now()).await?;
     assert_eq!(
         first.discovery_writes, 3,
         "cluster-info, its reader Role and RoleBinding"
@@ -275,7 +275,7 @@ async fn a_minted_token_discovers_the_cluster_anonymously_and_nothing_else_is_pu
     );
 
     // A second mint writes no discovery object, and its token is signed too.
-    let second = mint::mint(&client, &request(&server, None), chrono::Utc::now()).await?;
+    let second = mint::mint(&client, &request(&server, None), jiff::Timestamp::now()).await?;
     assert_eq!(second.discovery_writes, 0, "steady state writes nothing");
     discovery::discover(&host_port, &second.token.token, &pin, timeouts).await?;
     assert_eq!(
@@ -303,7 +303,7 @@ async fn a_minted_token_discovers_the_cluster_anonymously_and_nothing_else_is_pu
     // published when asked to replace.
     let mut other = request(&server, None);
     other.discovery.server = "https://10.9.9.9:6443".into();
-    let kept = mint::mint(&client, &other, chrono::Utc::now()).await?;
+    let kept = mint::mint(&client, &other, jiff::Timestamp::now()).await?;
     assert_eq!(kept.discovery_writes, 0);
     let info_server = || async {
         let cm: ConfigMap = Api::namespaced(client.clone(), "kube-public")
@@ -314,7 +314,7 @@ async fn a_minted_token_discovers_the_cluster_anonymously_and_nothing_else_is_pu
     };
     assert!(info_server().await.contains(&url), "kept");
     other.discovery.policy = ServerPolicy::Replace;
-    let replaced = mint::mint(&client, &other, chrono::Utc::now()).await?;
+    let replaced = mint::mint(&client, &other, jiff::Timestamp::now()).await?;
     assert_eq!(replaced.discovery_writes, 1);
     assert!(
         info_server().await.contains("https://10.9.9.9:6443"),

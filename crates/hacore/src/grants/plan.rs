@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use jiff::Timestamp;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -165,7 +165,7 @@ pub struct Publication {
     /// Remove every grant entry (re-upload, rekey): their keys must stop opening anything.
     pub retire_all_grants: bool,
     /// When the key was set: stamped on the Secret.
-    pub now: DateTime<Utc>,
+    pub now: Timestamp,
 }
 
 /// The Secret to write for `publication` given what was read (`None`: absent). It keeps
@@ -220,7 +220,7 @@ pub fn plan_publication(
         .get_or_insert_with(BTreeMap::new);
     annotations.insert(
         KEY_SET_AT_ANNOTATION.to_string(),
-        publication.now.to_rfc3339_opts(SecondsFormat::Secs, true),
+        publication.now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
     );
     annotations.insert(
         GENERATION_ANNOTATION.to_string(),
@@ -310,7 +310,7 @@ mod tests {
         }
     }
 
-    fn publication(token: Option<&str>, now: DateTime<Utc>) -> Publication {
+    fn publication(token: Option<&str>, now: Timestamp) -> Publication {
         Publication {
             grant: token.map(|t| (grant_entry_name(t), vec![b'g'; 100])),
             legacy: vec![b'l'; 50],
@@ -385,7 +385,7 @@ mod tests {
 
     #[test]
     fn publication_appends_keeps_live_drops_expired() {
-        let now = Utc::now();
+        let now = Timestamp::now();
         let observed = secret_with(
             &[
                 ("certs", 10),
@@ -438,7 +438,7 @@ mod tests {
         assert_eq!(annotations[GENERATION_ANNOTATION], "4");
         assert_eq!(
             annotations[KEY_SET_AT_ANNOTATION],
-            now.to_rfc3339_opts(SecondsFormat::Secs, true)
+            now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
         );
     }
 
@@ -446,7 +446,7 @@ mod tests {
     fn a_first_publication_creates_the_secret() {
         let planned = plan_publication(
             None,
-            publication(Some("aaaaaa"), Utc::now()),
+            publication(Some("aaaaaa"), Timestamp::now()),
             &BTreeMap::new(),
             GRANT_SECRET_BUDGET,
         )
@@ -464,7 +464,7 @@ mod tests {
             &[("certs", 10), ("certs-aaaaaa", 10), ("certs-bbbbbb", 10)],
             &["aaaaaa"],
         );
-        let mut p = publication(None, Utc::now());
+        let mut p = publication(None, Timestamp::now());
         p.retire_all_grants = true;
         p.proof = Some(vec![1, 2, 3]);
         let planned =
@@ -485,7 +485,7 @@ mod tests {
         let observed = secret_with(&[("certs", 10), ("key-proof", 10)], &[]);
         let planned = plan_publication(
             Some(&observed),
-            publication(Some("aaaaaa"), Utc::now()),
+            publication(Some("aaaaaa"), Timestamp::now()),
             &BTreeMap::new(),
             GRANT_SECRET_BUDGET,
         )
@@ -500,14 +500,14 @@ mod tests {
         // 500 kept + 100 new grant + 50 legacy = 650.
         let fits = plan_publication(
             Some(&observed),
-            publication(Some("bbbbbb"), Utc::now()),
+            publication(Some("bbbbbb"), Timestamp::now()),
             &tokens,
             650,
         );
         assert!(fits.is_ok());
         let err = plan_publication(
             Some(&observed),
-            publication(Some("bbbbbb"), Utc::now()),
+            publication(Some("bbbbbb"), Timestamp::now()),
             &tokens,
             649,
         )
@@ -526,7 +526,7 @@ mod tests {
         assert!(
             plan_publication(
                 Some(&observed),
-                publication(Some("bbbbbb"), Utc::now()),
+                publication(Some("bbbbbb"), Timestamp::now()),
                 &gone,
                 150
             )

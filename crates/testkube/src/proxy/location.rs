@@ -133,15 +133,13 @@ pub fn log_location(pod: &Value, query: &str) -> Result<LogLocation, ProxyError>
     let since_time = match first(&q, "sinceTime") {
         None => None,
         Some(v) => Some(
-            chrono::DateTime::parse_from_rfc3339(v)
+            crate::times::parse_rfc3339(v)
+                .map(crate::times::format_secs)
                 .map_err(|e| {
                     ProxyError::BadRequest(format!(
                         "parsing time {v:?} as \"2006-01-02T15:04:05Z07:00\": {e}"
                     ))
-                })?
-                .with_timezone(&chrono::Utc)
-                .format("%Y-%m-%dT%H:%M:%SZ")
-                .to_string(),
+                })?,
         ),
     };
     let mut causes: Vec<(String, String, &'static str)> = Vec::new();

@@ -35,7 +35,7 @@ pub(super) async fn token_cleaner(state: Arc<State>, every: Duration, cancel: Ca
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let now = chrono::Utc::now().timestamp();
+        let now = crate::times::now_secs();
         let removed = {
             let mut g = state.store.lock();
             let list = g.list(secrets, Some("kube-system"));

@@ -123,7 +123,7 @@ impl State {
             "kube-system",
             &format!("bootstrap-token-{id}"),
         )?;
-        crate::bootstrap::authenticate(&s, id, secret, chrono::Utc::now().timestamp())
+        crate::bootstrap::authenticate(&s, id, secret, crate::times::now_secs())
             .map(auth::with_authenticated_group)
     }
 

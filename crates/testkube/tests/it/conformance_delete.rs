@@ -47,7 +47,7 @@ async fn scheduled_pods_are_deleted_gracefully_until_the_kubelets_final_delete()
     let pending = first.left().expect("a graceful delete returns the pod");
     assert_eq!(pending.metadata.deletion_grace_period_seconds, Some(30));
     let ts = pending.metadata.deletion_timestamp.clone().unwrap().0;
-    let until = ts.as_second() - chrono::Utc::now().timestamp();
+    let until = ts.as_second() - jiff::Timestamp::now().as_second();
     assert!(
         (25..=31).contains(&until),
         "deletionTimestamp is now + 30s, got {until}s"
