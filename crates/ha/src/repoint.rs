@@ -42,6 +42,9 @@ pub const NODE_KUBECONFIGS: &[&str] = &[
     "scheduler.conf",
     "kubelet.conf",
     "bootstrap-kubelet.conf",
+    // Never deleted: a kubelet that has to bootstrap again reads it, and would otherwise
+    // dial the old server.
+    "bootstrap.conf",
 ];
 
 /// How the VIP failed the check.
