@@ -55,6 +55,9 @@ pub enum VipFault {
     /// The certificate was not issued by this cluster's CA: another cluster, or
     /// something else, holds the VIP.
     OtherCa,
+    /// The certificate does not verify against this cluster's CA for another reason
+    /// (webpki's detail: a CA certificate served as a leaf, a bad encoding, ...).
+    Untrusted(String),
     /// The certificate is this cluster's but does not name the VIP in its SANs: reissue
     /// the API server certificates with the VIP (`stratum-server certs generate --vip`).
     NotForVip,
@@ -73,6 +76,11 @@ impl std::fmt::Display for VipFault {
             VipFault::OtherCa => f.write_str(
                 "its certificate is not issued by this cluster's CA: another cluster (or \
                  something else) holds the VIP",
+            ),
+            VipFault::Untrusted(detail) => write!(
+                f,
+                "its certificate does not verify against this cluster's CA ({detail}): another \
+                 cluster (or something else) holds the VIP"
             ),
             VipFault::NotForVip => f.write_str(
                 "its certificate is this cluster's but does not cover the VIP in its SANs: \
@@ -169,6 +177,7 @@ fn classify_tls(e: &std::io::Error) -> VipFault {
             | C::ExpiredContext { .. }
             | C::NotValidYet
             | C::NotValidYetContext { .. } => VipFault::Expired,
+            C::Other(detail) => VipFault::Untrusted(format!("{detail:?}")),
             other => VipFault::Tls(format!("{other:?}")),
         },
         Some(other) => VipFault::Tls(other.to_string()),
@@ -409,7 +418,9 @@ impl Restarter for Systemctl {
             Err(format!(
                 "systemctl restart {unit} failed ({}): {}",
                 out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
+                String::from_utf8_lossy(&out.stderr)
+                    .trim()
+                    .replace('\n', "; ")
             ))
         }
     }

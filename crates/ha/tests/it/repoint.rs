@@ -128,6 +128,28 @@ async fn repoint_changes_nothing_unless_the_vip_serves_this_cluster() -> anyhow:
     assert!(text.contains(&other.addr.to_string()), "{text}");
     other.kill().await;
 
+    // A self-signed certificate (a CA certificate served as the leaf), as a quickly made
+    // test cluster would serve: refused as well.
+    let self_signed = pki::IssuedCert {
+        cert_pem: other_ca.cert_pem().to_string(),
+        key_pem: other_ca.key_pem(),
+    };
+    let mut selfs = tb::Backend::start(vip, &self_signed, "self-signed").await?;
+    let err = repoint::node_repoint(&mut out, &attempt(selfs.addr.port()), &recorder)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            RepointFailure::VipDoesNotServe {
+                fault: VipFault::OtherCa | VipFault::Untrusted(_),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    selfs.kill().await;
+
     // This cluster's CA, but the certificate does not name the VIP.
     let mut no_san = tb::Backend::start(
         vip,
