@@ -303,6 +303,9 @@ async fn cilium_env_is_patched_by_strategic_merge_and_an_unfinished_rollout_warn
     );
 
     let ds = ds_api.get("cilium").await?;
+    // A template change is a spec change: the generation moves, and a rollout is complete
+    // only once the controller has observed it (kube-apiserver's workload strategies).
+    assert_eq!(ds.metadata.generation, Some(2));
     let pod = ds.spec.unwrap().template.spec.unwrap();
     let env = |c: &k8s_openapi::api::core::v1::Container| {
         c.env
