@@ -241,6 +241,33 @@ impl Front {
     }
 }
 
+/// What a node's front has done, for the admin listener (`/metrics`, `/status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FrontStatus {
+    /// Whether HAProxy was started.
+    pub started: bool,
+    /// API servers in the configuration installed last.
+    pub backends: usize,
+    /// Reloads after a member-list change.
+    pub reloads: u64,
+    /// Configurations not installed (HAProxy refused them, or the member list could not
+    /// be read or rendered).
+    pub failures: u64,
+    /// The last failure, if any.
+    pub last_error: Option<String>,
+}
+
+/// A shared [`FrontStatus`].
+pub type FrontStatusHandle = std::sync::Arc<std::sync::Mutex<FrontStatus>>;
+
+fn record(status: Option<&FrontStatusHandle>, f: impl FnOnce(&mut FrontStatus)) {
+    if let Some(s) = status
+        && let Ok(mut s) = s.lock()
+    {
+        f(&mut s);
+    }
+}
+
 /// How [`run_front`] follows the member list.
 #[derive(Debug, Clone)]
 pub struct FrontLoop {
@@ -266,20 +293,35 @@ pub async fn run_front(
     sup: &Supervisor,
     l: &FrontLoop,
     stop: &tokio_util::sync::CancellationToken,
+    status: Option<&FrontStatusHandle>,
 ) {
     loop {
-        match backends_from_members(&l.etcd, &l.endpoints, l.api_port).await {
+        let result = match backends_from_members(&l.etcd, &l.endpoints, l.api_port).await {
             Ok(backends) => {
                 let mut spec = FrontSpec::new(backends, &l.ca_file);
                 spec.listen = l.listen;
-                if let Err(e) = front.sync(sup, &spec).await {
-                    warn!(
-                        "front not updated, the running configuration is kept: {}",
-                        crate::error_chain(&e)
-                    );
-                }
+                front
+                    .sync(sup, &spec)
+                    .await
+                    .map(|o| (o, spec.backends.len()))
             }
-            Err(e) => warn!("front not updated: {}", crate::error_chain(&e)),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok((outcome, n)) => record(status, |s| {
+                s.backends = n;
+                if matches!(outcome, SyncOutcome::Reloaded { .. }) {
+                    s.reloads += 1;
+                }
+            }),
+            Err(e) => {
+                let text = crate::error_chain(&e);
+                warn!("front not updated, the running configuration is kept: {text}");
+                record(status, |s| {
+                    s.failures += 1;
+                    s.last_error = Some(text);
+                });
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(l.interval) => {}
@@ -297,6 +339,7 @@ pub fn spawn_for_node(
     data_dir: &Path,
     fc: &crate::nodestate::FrontConfig,
     stop: tokio_util::sync::CancellationToken,
+    status: FrontStatusHandle,
 ) -> tokio::task::JoinHandle<()> {
     let front = Front {
         haproxy: fc.haproxy.clone(),
@@ -323,13 +366,24 @@ pub fn spawn_for_node(
                 Ok(backends) => {
                     let mut spec = FrontSpec::new(backends, &l.ca_file);
                     spec.listen = l.listen;
-                    front.prepare(&spec).await.map(|_| ())
+                    let n = spec.backends.len();
+                    front.prepare(&spec).await.map(|_| n)
                 }
                 Err(e) => Err(e),
             };
             match ready {
-                Ok(()) => break,
-                Err(e) => warn!("front not started yet: {}", crate::error_chain(&e)),
+                Ok(n) => {
+                    record(Some(&status), |s| s.backends = n);
+                    break;
+                }
+                Err(e) => {
+                    let text = crate::error_chain(&e);
+                    warn!("front not started yet: {text}");
+                    record(Some(&status), |s| {
+                        s.failures += 1;
+                        s.last_error = Some(text);
+                    });
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep(l.interval) => {}
@@ -348,7 +402,8 @@ pub fn spawn_for_node(
             }
         };
         info!(listen = %l.listen, config = %front.config.display(), "front (HAProxy) started");
-        run_front(&front, &sup, &l, &stop).await;
+        record(Some(&status), |s| s.started = true);
+        run_front(&front, &sup, &l, &stop, Some(&status)).await;
         sup.stop().await;
     })
 }

@@ -263,7 +263,8 @@ async fn a_node_front_follows_the_member_list_and_stops_with_the_node() -> anyho
         interval: Duration::from_millis(500),
     };
     let stop = tokio_util::sync::CancellationToken::new();
-    let task = front::spawn_for_node(&state, dir.path(), &fc, stop.clone());
+    let status = front::FrontStatusHandle::default();
+    let task = front::spawn_for_node(&state, dir.path(), &fc, stop.clone(), status.clone());
     let client = tb::connector(ca.cert_pem())?;
     wait_for("the node's front to answer", || async {
         tb::get(&client, listen, "/who").await.is_ok()
