@@ -16,6 +16,59 @@ pub enum Command {
     Health(Args),
     /// List the cluster's members (learners and not-yet-started members included).
     Members(Args),
+    /// Downgrade the cluster one minor version: read every member's version, refuse what
+    /// etcd cannot do (no downgrade API before etcd 3.5; one minor version at a time),
+    /// validate and enable the downgrade, then wait until every member runs the target
+    /// (restart each on the older binary meanwhile). Exit 0: done; 3: refused, or not
+    /// every member on the target within --wait; 2: a bad --to; 1: etcd could not be asked.
+    Downgrade(DowngradeArgs),
+}
+
+/// Where a command finds the etcd cluster: --endpoints (with TLS flags), or the node state
+/// of --data-dir (its recorded endpoints and the node's etcd client certificate).
+#[derive(Debug, clap::Args)]
+pub struct AccessArgs {
+    /// etcd client URLs, comma-separated (default: the endpoints the node state in
+    /// --data-dir records).
+    #[arg(long, value_delimiter = ',', env = "STRATUM_ETCD_ENDPOINTS")]
+    pub endpoints: Vec<String>,
+    /// The etcd CA certificate (default with --data-dir: <pki>/etcd/ca.crt).
+    #[arg(long, requires_all = ["cert", "key"])]
+    pub cacert: Option<PathBuf>,
+    /// A client certificate the etcd CA issued.
+    #[arg(long, requires_all = ["cacert", "key"])]
+    pub cert: Option<PathBuf>,
+    /// Its key.
+    #[arg(long, requires_all = ["cacert", "cert"])]
+    pub key: Option<PathBuf>,
+    /// A control-plane node's data directory: its node state names the endpoints and PKI.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+impl AccessArgs {
+    /// The etcd options and endpoints to use (`ha::etcd::access_from`).
+    pub fn access(&self) -> Result<(EtcdOptions, Vec<String>), etcd::AccessError> {
+        let tls = match (&self.cacert, &self.cert, &self.key) {
+            (Some(ca), Some(cert), Some(key)) => Some(EtcdTls::from_paths(ca, cert, key)),
+            _ => None,
+        };
+        etcd::access_from(&self.endpoints, tls, self.data_dir.as_deref())
+    }
+}
+
+/// `etcd downgrade`.
+#[derive(Debug, clap::Args)]
+pub struct DowngradeArgs {
+    /// The version to go to, MAJOR.MINOR (a patch is ignored: etcd's cluster version is
+    /// MAJOR.MINOR), one minor below the cluster's.
+    #[arg(long, value_name = "VERSION")]
+    pub to: String,
+    #[command(flatten)]
+    pub access: AccessArgs,
+    /// How long to wait for every member to run the target.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    pub wait: std::time::Duration,
 }
 
 /// Output format.
@@ -75,6 +128,34 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
         Command::Health(args) => health(args).await,
         Command::Members(args) => members(args).await,
+        Command::Downgrade(args) => downgrade(args).await,
+    }
+}
+
+async fn downgrade(args: DowngradeArgs) -> anyhow::Result<ExitCode> {
+    use ha::etcd::rules::DowngradeRefusal;
+    let (opts, endpoints) = match args.access.access() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {}", ha::error_chain(&e));
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let mut out = std::io::stdout();
+    match etcd::downgrade_cluster(&opts, &endpoints, &args.to, args.wait, &mut out).await {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {}", ha::error_chain(&e));
+            Ok(match e {
+                EtcdError::DowngradeRefused(DowngradeRefusal::BadTarget { .. }) => {
+                    ExitCode::from(2)
+                }
+                EtcdError::DowngradeRefused(_)
+                | EtcdError::DowngradeIncomplete { .. }
+                | EtcdError::DowngradeNotValidated { .. } => ExitCode::from(3),
+                _ => ExitCode::FAILURE,
+            })
+        }
     }
 }
 

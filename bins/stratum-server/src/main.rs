@@ -11,10 +11,12 @@ use clap::{Parser, Subcommand};
 
 mod certs_cmd;
 mod etcd_cmd;
+mod front_cmd;
 mod join_cmd;
 mod nodes_cmd;
 mod operator_cmd;
 mod rejoin_cmd;
+mod repoint_cmd;
 mod snapshot_cmd;
 mod token_cmd;
 mod up_cmd;
@@ -55,6 +57,11 @@ enum Command {
     Snapshot(snapshot_cmd::Command),
     /// Re-add this control plane's etcd to a cluster restored on the seed.
     Rejoin(rejoin_cmd::RejoinArgs),
+    /// The per-node HAProxy front of the API servers, and the kube-vip static pod.
+    #[command(subcommand)]
+    Front(front_cmd::Command),
+    /// Move this node's kubeconfigs onto the cluster VIP, once it serves this cluster.
+    Repoint(repoint_cmd::RepointArgs),
 }
 
 fn main() -> ExitCode {
@@ -72,6 +79,8 @@ fn main() -> ExitCode {
             Command::Operator(args) => operator_cmd::run(args).await,
             Command::Snapshot(cmd) => snapshot_cmd::run(cmd).await,
             Command::Rejoin(args) => rejoin_cmd::run(args).await,
+            Command::Front(cmd) => front_cmd::run(cmd).await,
+            Command::Repoint(args) => repoint_cmd::run(args).await,
         }
     })
 }

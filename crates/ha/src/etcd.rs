@@ -269,6 +269,22 @@ pub enum EtcdError {
         /// Whether the server lacks the downgrade API altogether.
         unsupported: bool,
     },
+    /// A downgrade refused before anything was asked of etcd ([`rules::DowngradeRefusal`]).
+    #[error(transparent)]
+    DowngradeRefused(#[from] rules::DowngradeRefusal),
+    /// An enabled downgrade did not reach every member in time.
+    #[error(
+        "the downgrade to {target} is enabled, but after {waited:?} these members do not run          it yet: {}. Restart each on the etcd {target} binary, then run this again to wait",
+        pending.join(", ")
+    )]
+    DowngradeIncomplete {
+        /// The target.
+        target: String,
+        /// How long was waited.
+        waited: Duration,
+        /// `member (version)` of each member not on the target.
+        pending: Vec<String>,
+    },
     /// The join intent could not be recorded: the add was not sent.
     #[error("member add not sent")]
     Journal(#[from] JournalError),
@@ -1002,6 +1018,167 @@ pub async fn downgrade_etcd(
     })?;
     info!(endpoint, target, "etcd downgrade enabled");
     Ok(())
+}
+
+/// Where a command finds the etcd cluster: the endpoints and TLS it was given, or else the
+/// node state in `data_dir` (the cluster's recorded client URLs, and the node's etcd
+/// client certificate under its PKI directory).
+pub fn access_from(
+    endpoints: &[String],
+    tls: Option<EtcdTls>,
+    data_dir: Option<&std::path::Path>,
+) -> Result<(EtcdOptions, Vec<String>), AccessError> {
+    let given: Vec<String> = endpoints
+        .iter()
+        .map(|e| e.trim().to_string())
+        .filter(|e| !e.is_empty())
+        .collect();
+    let state = match data_dir {
+        Some(d) => crate::nodestate::NodeState::load(d)?.map(|s| (d, s)),
+        None => None,
+    };
+    match (given.is_empty(), state) {
+        (false, state) => {
+            let tls = tls.or_else(|| {
+                state
+                    .as_ref()
+                    .and_then(|(_, s)| crate::join::etcd_options(&s.pki_dir).tls)
+            });
+            Ok((EtcdOptions::with_tls(tls), given))
+        }
+        (true, Some((_, s))) => {
+            let opts = match tls {
+                Some(t) => EtcdOptions::with_tls(Some(t)),
+                None => crate::join::etcd_options(&s.pki_dir),
+            };
+            Ok((opts, s.endpoints()))
+        }
+        (true, None) => Err(match data_dir {
+            Some(d) => AccessError::NoState {
+                data_dir: d.to_path_buf(),
+            },
+            None => AccessError::Nothing,
+        }),
+    }
+}
+
+/// A command that cannot tell where the etcd cluster is.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    /// Neither endpoints nor a data directory were given.
+    #[error(
+        "no etcd endpoints: pass --endpoints URL,... (or $STRATUM_ETCD_ENDPOINTS), or --data-dir \
+         of a control-plane node to use the endpoints its state records"
+    )]
+    Nothing,
+    /// The data directory holds no node state.
+    #[error("{} holds no node state: pass --endpoints instead", data_dir.display())]
+    NoState {
+        /// The directory.
+        data_dir: PathBuf,
+    },
+    /// The node state could not be read.
+    #[error(transparent)]
+    State(#[from] crate::nodestate::NodeStateError),
+}
+
+/// Every member's reported version, as `(name, version)`, read at its own client
+/// URL. A member that does not answer is an error naming it: its version is unknown, and
+/// the cluster version cannot be told without it.
+pub async fn member_versions(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+) -> Result<Vec<(String, String)>, EtcdError> {
+    let (_, members) = member_list_via(opts, endpoints).await?;
+    let mut out = Vec::new();
+    // Learners included: a learner on another version would be left behind too.
+    for m in &members {
+        let Some(ep) = m.client_urls.first() else {
+            return Err(EtcdError::NoStatus {
+                endpoint: m.label(),
+                reason: "the member has not started: its version is unknown".into(),
+            });
+        };
+        let a = etcd_member_status(opts, ep).await;
+        if let Some(reason) = a.error {
+            return Err(EtcdError::NoStatus {
+                endpoint: ep.clone(),
+                reason,
+            });
+        }
+        out.push((m.label(), a.version));
+    }
+    Ok(out)
+}
+
+/// What [`downgrade_cluster`] ended with.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DowngradeDone {
+    /// The plan etcd accepted.
+    pub plan: rules::DowngradePlan,
+    /// Every member's version at the end.
+    pub members: Vec<(String, String)>,
+}
+
+/// `etcd downgrade --to VERSION`: reads every member's version, refuses what etcd cannot
+/// do ([`rules::plan_downgrade`]: no downgrade API before etcd 3.5, one minor version at a
+/// time) before asking anything, then validates and enables the downgrade
+/// ([`downgrade_etcd`]) and waits up to `wait` until every member reports the target
+/// (members are restarted on the older binary by their operator meanwhile). Progress goes
+/// to `w`, a line per step and per change in the members' versions.
+pub async fn downgrade_cluster(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+    target: &str,
+    wait: Duration,
+    w: &mut (dyn std::io::Write + Send),
+) -> Result<DowngradeDone, EtcdError> {
+    if rules::MinorVersion::parse(target).is_none() {
+        return Err(rules::DowngradeRefusal::BadTarget {
+            target: target.to_string(),
+        }
+        .into());
+    }
+    let _ = writeln!(w, "reading every member's version");
+    let versions = member_versions(opts, endpoints).await?;
+    for (m, v) in &versions {
+        let _ = writeln!(w, "  {m}: etcd {v}");
+    }
+    let plan = rules::plan_downgrade(&versions, target)?;
+    let _ = writeln!(
+        w,
+        "cluster version {}: asking etcd to validate and enable a downgrade to {}",
+        plan.cluster, plan.target
+    );
+    let (endpoint, _) = member_list_via(opts, endpoints).await?;
+    downgrade_etcd(opts, &endpoint, &plan.target.to_string()).await?;
+    let _ = writeln!(
+        w,
+        "downgrade enabled; waiting up to {wait:?} for every member to run etcd {}",
+        plan.target
+    );
+    let started = tokio::time::Instant::now();
+    let mut last = Vec::new();
+    loop {
+        let now = member_versions(opts, endpoints).await.unwrap_or_default();
+        let pending = hacore::etcd::downgrade::members_not_on(&now, plan.target);
+        if !now.is_empty() && pending.is_empty() {
+            let _ = writeln!(w, "every member runs etcd {}", plan.target);
+            return Ok(DowngradeDone { plan, members: now });
+        }
+        if pending != last {
+            let _ = writeln!(w, "  not yet on {}: {}", plan.target, pending.join(", "));
+            last = pending.clone();
+        }
+        if started.elapsed() >= wait {
+            return Err(EtcdError::DowngradeIncomplete {
+                target: plan.target.to_string(),
+                waited: wait,
+                pending,
+            });
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,11 @@
 //! the first controller publishes), [`nodestate`] (what a node persists) and
 //! [`operator`] (grant pruning and certificate-key age). Part 3 (maintenance): the node
 //! [`maintenance`] locks, the cluster's maintenance [`fence`], [`snapshot`] save and restore,
-//! [`rejoin`] of a restored cluster, and the shared-cert [`rekey`].
+//! [`rejoin`] of a restored cluster, and the shared-cert [`rekey`]; [`front`] (the per-node
+//! HAProxy over every API server, checked with `haproxy -c` before it replaces a running
+//! one, reloaded under the supervisor; the kube-vip static pod), [`repoint`] (a node's
+//! kubeconfigs and Cilium moved onto the VIP once it provably serves this cluster), and
+//! [`etcd::downgrade_cluster`]. Design: `docs/front.md`.
 
 #![cfg_attr(
     not(test),
@@ -21,6 +25,7 @@ pub mod bootstrap;
 pub mod discovery;
 pub mod etcd;
 pub mod fence;
+pub mod front;
 pub mod grants;
 pub mod join;
 pub mod journal;
@@ -31,6 +36,7 @@ pub mod nodestate;
 pub mod operator;
 pub mod rejoin;
 pub mod rekey;
+pub mod repoint;
 pub mod snapshot;
 pub mod supervisor;
 pub mod tokens;

@@ -435,6 +435,7 @@ pub async fn run_node(
         Backoff::default(),
     )?;
     let etcd_opts = etcd_options(&state.pki_dir);
+    let front_status = crate::front::FrontStatusHandle::default();
     let admin_stop = shutdown.child_token();
     let admin_task = match &run.config.admin_listen {
         Some(addr) => {
@@ -442,7 +443,8 @@ pub async fn run_node(
                 .await
                 .map_err(|e| UpError::Admin(e.to_string()))?;
             Some(tokio::spawn(
-                admin_server(&sup, &state).serve(listener, admin_stop.clone()),
+                admin_server(&sup, &state, front_status.clone())
+                    .serve(listener, admin_stop.clone()),
             ))
         }
         None => None,
@@ -484,6 +486,11 @@ pub async fn run_node(
             info!("join intent cleared: the local member's data is confirmed");
         }
     }
+    // The per-node HAProxy, when configured: it follows the member list until shutdown.
+    let front_task = run.config.front.as_ref().map(|fc| {
+        let stop = shutdown.child_token();
+        crate::front::spawn_for_node(&state, &run.data_dir, fc, stop, front_status.clone())
+    });
     let mut promoted_now = None;
     if state.etcd.learner {
         let id = state.etcd.member_id.unwrap_or(0);
@@ -526,6 +533,9 @@ pub async fn run_node(
     }
     shutdown.cancelled().await;
     info!("shutting down: stopping components in reverse start order");
+    if let Some(task) = front_task {
+        let _ = task.await;
+    }
     sup.stop().await;
     admin_stop.cancel();
     if let Some(task) = admin_task {
@@ -534,9 +544,51 @@ pub async fn run_node(
     Ok(UpOutcome::Stopped)
 }
 
+/// The front's counters as metrics: `stratum_front_reloads`, `stratum_front_failures`,
+/// `stratum_front_backends` (zero, and never started, on a node without a front).
+#[derive(Debug)]
+struct FrontMetrics(crate::front::FrontStatusHandle);
+
+impl prometheus_client::collector::Collector for FrontMetrics {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric as _;
+        use prometheus_client::metrics::{counter::ConstCounter, gauge::ConstGauge};
+        let f = self.0.lock().map(|f| f.clone()).unwrap_or_default();
+        let reloads = ConstCounter::new(f.reloads);
+        reloads.encode(encoder.encode_descriptor(
+            "front_reloads",
+            "HAProxy reloads after a member-list change",
+            None,
+            reloads.metric_type(),
+        )?)?;
+        let failures = ConstCounter::new(f.failures);
+        failures.encode(encoder.encode_descriptor(
+            "front_failures",
+            "Front configurations not installed (refused by haproxy -c, or no member list)",
+            None,
+            failures.metric_type(),
+        )?)?;
+        let backends = ConstGauge::new(i64::try_from(f.backends).unwrap_or(i64::MAX));
+        backends.encode(encoder.encode_descriptor(
+            "front_backends",
+            "API servers in the installed front configuration",
+            None,
+            backends.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
+
 /// `/metrics` (`stratum_component_starts{component}`, `stratum_component_running{component}`)
 /// and `/status` (node, member, learner, every child) for a running node.
-fn admin_server(sup: &Supervisor, state: &NodeState) -> daemon::AdminServer {
+fn admin_server(
+    sup: &Supervisor,
+    state: &NodeState,
+    front: crate::front::FrontStatusHandle,
+) -> daemon::AdminServer {
     use prometheus_client::collector::Collector;
     use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
     use prometheus_client::metrics::gauge::ConstGauge;
@@ -586,6 +638,7 @@ fn admin_server(sup: &Supervisor, state: &NodeState) -> daemon::AdminServer {
 
     let mut registry = prometheus_client::registry::Registry::with_prefix("stratum");
     registry.register_collector(Box::new(Children(sup.status_reader())));
+    registry.register_collector(Box::new(FrontMetrics(front.clone())));
     let read = sup.status_reader();
     let (node, member, learner) = (
         state.node_name.clone(),
@@ -593,7 +646,8 @@ fn admin_server(sup: &Supervisor, state: &NodeState) -> daemon::AdminServer {
         state.etcd.learner,
     );
     daemon::AdminServer::new(registry).with_status(move || {
-        serde_json::json!({"node": node, "etcdClientURL": member, "learnerAtStart": learner, "components": read()})
+        let front = front.lock().map(|f| f.clone()).unwrap_or_default();
+        serde_json::json!({"node": node, "etcdClientURL": member, "learnerAtStart": learner, "components": read(), "front": front})
     })
 }
 
@@ -669,6 +723,32 @@ async fn publish(
         };
         if let Err(e) = recorder.publish(&event, &reference).await {
             warn!("cannot record the join Event: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn front_metrics_follow_the_front_status() {
+        let status = crate::front::FrontStatusHandle::default();
+        if let Ok(mut s) = status.lock() {
+            s.reloads = 2;
+            s.failures = 1;
+            s.backends = 3;
+        }
+        let mut registry = prometheus_client::registry::Registry::with_prefix("stratum");
+        registry.register_collector(Box::new(FrontMetrics(status)));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for want in [
+            "stratum_front_reloads_total 2",
+            "stratum_front_failures_total 1",
+            "stratum_front_backends 3",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
     }
 }

@@ -266,6 +266,32 @@ pub struct ComponentConfig {
     pub args: Vec<String>,
 }
 
+/// The `front` section of [`NodeConfig`]: the per-node HAProxy `up` runs when present.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct FrontConfig {
+    /// The HAProxy binary (default `haproxy`, looked up on PATH).
+    pub haproxy: PathBuf,
+    /// Where HAProxy listens for API clients (default `127.0.0.1:6444`).
+    pub listen: String,
+    /// The API servers' port (default 6443).
+    pub api_port: u16,
+    /// How often the member list is read (default 30 s).
+    #[serde(with = "humantime_serde_compat")]
+    pub interval: Duration,
+}
+
+impl Default for FrontConfig {
+    fn default() -> Self {
+        FrontConfig {
+            haproxy: PathBuf::from("haproxy"),
+            listen: "127.0.0.1:6444".into(),
+            api_port: 6443,
+            interval: Duration::from_secs(30),
+        }
+    }
+}
+
 /// The `--config` file of `up` and `join` (YAML). Every field has a default.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
@@ -280,6 +306,8 @@ pub struct NodeConfig {
     /// not signed cluster-info for its token (default 60 s).
     #[serde(with = "humantime_serde_compat")]
     pub discovery_timeout: Duration,
+    /// The per-node HAProxy front (`ha::front`); none when unset.
+    pub front: Option<FrontConfig>,
 }
 
 impl Default for NodeConfig {
@@ -289,6 +317,7 @@ impl Default for NodeConfig {
             components: Vec::new(),
             admin_listen: None,
             discovery_timeout: Duration::from_secs(60),
+            front: None,
         }
     }
 }
@@ -430,6 +459,20 @@ mod tests {
         std::fs::write(&path, "etcd:\n  clientprot: 1\n").unwrap();
         let err = NodeConfig::load(Some(&path)).unwrap_err().to_string();
         assert!(err.contains("clientprot"), "{err}");
+    }
+
+    #[test]
+    fn front_section_is_optional_and_typed() {
+        assert_eq!(NodeConfig::load(None).unwrap().front, None);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(&path, "front:\n  listen: 127.0.0.1:7444\n  interval: 10s\n").unwrap();
+        let f = NodeConfig::load(Some(&path)).unwrap().front.unwrap();
+        assert_eq!(f.listen, "127.0.0.1:7444");
+        assert_eq!(f.interval, Duration::from_secs(10));
+        assert_eq!(f.api_port, 6443);
+        std::fs::write(&path, "front:\n  listne: x\n").unwrap();
+        assert!(NodeConfig::load(Some(&path)).is_err());
     }
 
     #[test]

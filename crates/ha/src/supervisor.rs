@@ -137,6 +137,34 @@ pub struct SupervisorError {
     pub source: std::io::Error,
 }
 
+/// A signal that could not be sent to a child.
+#[derive(Debug, thiserror::Error)]
+pub enum SignalError {
+    /// No child has that name.
+    #[error("no supervised component is named {name}")]
+    Unknown {
+        /// The name asked for.
+        name: String,
+    },
+    /// The child is between runs (exited, waiting to restart).
+    #[error("component {name} is not running (it is being restarted)")]
+    NotRunning {
+        /// The component.
+        name: String,
+    },
+    /// kill(2) failed.
+    #[error("cannot signal component {name} (pid {pid})")]
+    Send {
+        /// The component.
+        name: String,
+        /// Its process ID.
+        pid: u32,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Running children. Drop without [`Supervisor::stop`] kills them (kill-on-drop).
 #[derive(Debug)]
 pub struct Supervisor {
@@ -185,6 +213,33 @@ impl Supervisor {
     pub fn status_reader(&self) -> impl Fn() -> Vec<ComponentStatus> + Send + Sync + 'static {
         let status = self.status.clone();
         move || status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Sends `signal` to the running child `name` (a reload: HAProxy's master re-reads its
+    /// configuration on SIGUSR2 and keeps serving). Returns the process ID signalled.
+    pub fn signal(&self, name: &str, signal: nix::sys::signal::Signal) -> Result<u32, SignalError> {
+        let pid = self
+            .status()
+            .into_iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| SignalError::Unknown {
+                name: name.to_string(),
+            })?
+            .pid
+            .ok_or_else(|| SignalError::NotRunning {
+                name: name.to_string(),
+            })?;
+        let raw = i32::try_from(pid).map_err(|_| SignalError::NotRunning {
+            name: name.to_string(),
+        })?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), signal).map_err(|e| {
+            SignalError::Send {
+                name: name.to_string(),
+                pid,
+                source: std::io::Error::from(e),
+            }
+        })?;
+        Ok(pid)
     }
 
     /// Stops the children in reverse start order, waiting for each before the next.

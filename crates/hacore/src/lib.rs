@@ -8,6 +8,9 @@
 //! - [`fence`]: the maintenance fence Lease: who holds it, take, renew, release.
 //! - [`rejoin`]: the rejoin journal, the steps a (re-)run still has to do, the old-cluster
 //!   quorum verdict.
+//! - [`front`]: the per-node HAProxy configuration and the kube-vip static pod.
+//! - [`repoint`]: a kubeconfig's server rewritten with every other byte kept.
+//! - [`etcd::downgrade`]: whether a cluster can be downgraded (etcd 3.5+, one minor down).
 //!
 //! `ha` re-exports each at its old path (`ha::grants::envelope`, `ha::grants::plan`,
 //! `ha::etcd::rules`, `ha::tokens::TokenState`), so callers keep using those; the fuzz
@@ -27,9 +30,13 @@ pub mod grants {
 
 /// etcd membership and health: the pure rules (`ha::etcd` talks to the members).
 pub mod etcd {
+    pub mod downgrade;
     pub mod rules;
 }
 
 pub mod fence;
+pub mod front;
 pub mod rejoin;
+pub mod repoint;
+
 pub mod tokens;

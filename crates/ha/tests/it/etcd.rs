@@ -595,3 +595,54 @@ async fn an_unanswered_member_add_is_read_back_not_sent_twice() -> anyhow::Resul
     etcd::etcd_cluster_healthy(&opts, &cluster.endpoints()).await?;
     Ok(())
 }
+
+/// `etcd downgrade --to 3.5.0` on real etcd 3.4: refused before anything is asked, naming
+/// the cluster version and the etcd release that has the downgrade API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_on_etcd_3_4_is_refused_naming_the_version_that_supports_it() -> anyhow::Result<()>
+{
+    let cluster = EtcdCluster::start(2).await?;
+    let opts = cluster.options();
+    let eps = cluster.endpoints();
+    let versions = etcd::member_versions(&opts, &eps).await?;
+    assert_eq!(versions.len(), 2);
+    assert!(
+        versions.iter().all(|(_, v)| v.starts_with("3.4.")),
+        "{versions:?}"
+    );
+
+    let mut progress = Vec::new();
+    let err = etcd::downgrade_cluster(&opts, &eps, "3.5.0", Duration::from_secs(5), &mut progress)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            EtcdError::DowngradeRefused(ha::etcd::rules::DowngradeRefusal::Unsupported { cluster })
+                if cluster.to_string() == "3.4"
+        ),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("3.4") && text.contains("etcd 3.5 or later"),
+        "{text}"
+    );
+    let progress = String::from_utf8(progress)?;
+    assert!(!progress.contains("downgrade enabled"), "{progress}");
+    // The cluster is as it was: both members answer, on 3.4.
+    assert_eq!(etcd::member_versions(&opts, &eps).await?, versions);
+
+    // A member that does not answer: its version is unknown, and that is an error naming it.
+    let err = etcd::downgrade_cluster(
+        &opts,
+        &["https://127.0.0.19:9".to_string()],
+        "3.3",
+        Duration::from_secs(1),
+        &mut Vec::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("127.0.0.19:9"), "{err}");
+    Ok(())
+}
