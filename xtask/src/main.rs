@@ -89,6 +89,8 @@ const MUTANT_CORES: &[(&str, &[&str], &[&str])] = &[
             "crates/hacore/src/etcd/downgrade.rs",
             "crates/hacore/src/front.rs",
             "crates/hacore/src/repoint.rs",
+            "crates/hacore/src/fence.rs",
+            "crates/hacore/src/rejoin.rs",
         ],
         &[],
     ),

@@ -1132,6 +1132,40 @@ mod tests {
         let problems = judge_members(&targets[..2], &answers[..1]).unwrap_err();
         assert!(!problems.is_empty());
         assert_eq!(judge_members(&[], &[]), Err(vec![MemberProblem::NoMembers]));
+        // No member started: each is named, and "no members" does not hide them.
+        let none = judge_members(&targets[..2], &[None, None]).unwrap_err();
+        assert_eq!(none.len(), 2, "{none:?}");
+        assert!(
+            none.iter()
+                .all(|p| matches!(p, MemberProblem::NotStarted { .. })),
+            "{none:?}"
+        );
+        // One not started, one not answering: both problems are reported.
+        let mut silent = ok("http://b:2379", 2, 1);
+        silent.error = Some("connection refused".into());
+        let both = judge_members(&targets[..2], &[None, Some(silent)]).unwrap_err();
+        assert!(
+            both.iter()
+                .any(|p| matches!(p, MemberProblem::NoAnswer { .. })),
+            "{both:?}"
+        );
+        assert!(
+            both.iter()
+                .any(|p| matches!(p, MemberProblem::NotStarted { .. })),
+            "{both:?}"
+        );
+    }
+
+    #[test]
+    fn client_hosts_are_every_members_hosts_once_in_order() {
+        let ms = vec![
+            member(2, "b", &["p2"], &["https://10.0.0.2:2379", "https://10.0.0.2:4001"]),
+            member(1, "a", &["p1"], &["https://10.0.0.1:2379"]),
+            member(3, "", &["p3"], &[]),
+            member(4, "d", &["p4"], &["https://10.0.0.1:3379", "https://[fd00::4]:2379"]),
+        ];
+        assert_eq!(client_hosts(&ms), vec!["10.0.0.2", "10.0.0.1", "fd00::4"]);
+        assert!(client_hosts(&[]).is_empty());
     }
 
     #[test]
@@ -1204,5 +1238,7 @@ mod tests {
         assert_eq!(url_host("node-a:2379").as_deref(), Some("node-a"));
         assert_eq!(url_host("https://host").as_deref(), Some("host"));
         assert_eq!(url_host("https://"), None);
+        // A colon not followed by a port belongs to the host text.
+        assert_eq!(url_host("https://host:web").as_deref(), Some("host:web"));
     }
 }
