@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::PodSpec;
+use kube::Resource as _;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{info, warn};
@@ -657,6 +659,39 @@ fn deployment_rolled_out(d: &Deployment) -> bool {
     })
 }
 
+/// Records a `Repointed` Event on a patched Cilium object; a failure to record it is a
+/// warning in the report, not an error (the patch is done).
+async fn record_repointed(
+    client: &kube::Client,
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+    host: &str,
+    port: u16,
+    report: &mut CiliumReport,
+) {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "stratum-server".into(),
+            instance: None,
+        },
+    );
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "Repointed".into(),
+        note: Some(format!(
+            "KUBERNETES_SERVICE_HOST={host} KUBERNETES_SERVICE_PORT={port}: the control-plane VIP"
+        )),
+        action: "RepointAPIServer".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &reference).await {
+        report.warnings.push(format!(
+            "cannot record the Repointed Event: {}",
+            crate::error_chain(&e)
+        ));
+    }
+}
+
 /// Patches Cilium's agent DaemonSet and operator Deployment in kube-system to reach the API
 /// server at `host:port`, then waits up to `rollout_wait` for each rollout. An absent
 /// object and an unfinished rollout are warnings; an API error is an error.
@@ -701,6 +736,7 @@ pub async fn repoint_cilium_with(
                         .map_err(api_err("patch", &ds_name))?;
                     report.patched.push(ds_name.clone());
                     ds_patched = true;
+                    record_repointed(client, ds.object_ref(&()), host, port, &mut report).await;
                 }
             }
         }
@@ -730,6 +766,7 @@ pub async fn repoint_cilium_with(
                         .map_err(api_err("patch", &dep_name))?;
                     report.patched.push(dep_name.clone());
                     dep_patched = true;
+                    record_repointed(client, d.object_ref(&()), host, port, &mut report).await;
                 }
             }
         }

@@ -351,15 +351,33 @@ async fn cilium_env_is_patched_by_strategic_merge_and_an_unfinished_rollout_warn
         "{op:?}"
     );
 
-    let patches: Vec<_> = server
+    let writes: Vec<_> = server
         .requests()
         .into_iter()
         .filter(|r| r.is_write())
         .collect();
-    assert_eq!(patches.len(), 2, "{patches:?}");
-    assert!(
-        patches.iter().all(|r| r.verb == "patch" && r.code == 200),
-        "{patches:?}"
+    let patches: Vec<_> = writes.iter().filter(|r| r.verb == "patch").collect();
+    assert_eq!(patches.len(), 2, "{writes:?}");
+    assert!(patches.iter().all(|r| r.code == 200), "{patches:?}");
+    // Each patched object gets a Repointed Event, and nothing else is written.
+    assert_eq!(writes.len(), 4, "{writes:?}");
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "kube-system");
+    let mut regarding: Vec<String> = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Repointed"))
+        .filter_map(|e| {
+            e.regarding
+                .and_then(|r| Some(format!("{}/{}", r.kind?, r.name?)))
+        })
+        .collect();
+    regarding.sort();
+    assert_eq!(
+        regarding,
+        vec!["DaemonSet/cilium", "Deployment/cilium-operator"]
     );
 
     // Steady state: nothing to patch, nothing written.

@@ -1159,10 +1159,20 @@ mod tests {
     #[test]
     fn client_hosts_are_every_members_hosts_once_in_order() {
         let ms = vec![
-            member(2, "b", &["p2"], &["https://10.0.0.2:2379", "https://10.0.0.2:4001"]),
+            member(
+                2,
+                "b",
+                &["p2"],
+                &["https://10.0.0.2:2379", "https://10.0.0.2:4001"],
+            ),
             member(1, "a", &["p1"], &["https://10.0.0.1:2379"]),
             member(3, "", &["p3"], &[]),
-            member(4, "d", &["p4"], &["https://10.0.0.1:3379", "https://[fd00::4]:2379"]),
+            member(
+                4,
+                "d",
+                &["p4"],
+                &["https://10.0.0.1:3379", "https://[fd00::4]:2379"],
+            ),
         ];
         assert_eq!(client_hosts(&ms), vec!["10.0.0.2", "10.0.0.1", "fd00::4"]);
         assert!(client_hosts(&[]).is_empty());
