@@ -52,8 +52,10 @@ pub mod status;
 
 /// The providers shipped with the crate.
 pub mod providers {
+    mod capture;
     pub mod memory;
     pub mod process;
+    pub(crate) use capture::rfc3339_nanos;
 }
 
 pub use blocklist::Blocklist;
@@ -66,7 +68,7 @@ pub use handler::{DeleteError, Found, Handler, LookupError, PodInstance};
 pub use kubelet::KubeletServer;
 pub use metrics::Metrics;
 pub use provider::{
-    BlockScope, ByteSink, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance,
+    Attacher, BlockScope, ByteSink, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance,
     InstanceState, InstanceStats, LogOptions, LogStreamer, PortForwarder, Provider, ProviderError,
     ProvisionRequest, StatsSource,
 };
