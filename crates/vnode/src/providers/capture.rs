@@ -45,7 +45,8 @@ pub(crate) enum Stream {
 
 /// The live capture of one instance in this manager.
 pub(crate) struct Capture {
-    chunks: broadcast::Sender<(Stream, Bytes)>,
+    /// Taken when the output ends, so that subscribers see the channel close.
+    chunks: Mutex<Option<broadcast::Sender<(Stream, Bytes)>>>,
     /// Bytes in `output.log` so far; closed when the process's output ended.
     written: watch::Receiver<u64>,
 }
@@ -53,7 +54,11 @@ pub(crate) struct Capture {
 impl Capture {
     /// Chunks from now on; `Closed` once the process's output ended.
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<(Stream, Bytes)> {
-        self.chunks.subscribe()
+        match &*self.chunks.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(tx) => tx.subscribe(),
+            // Ended: a receiver of a channel already closed.
+            None => broadcast::channel(1).1,
+        }
     }
 
     /// The log length, changing as output is captured.
@@ -99,14 +104,16 @@ impl Captures {
         let start = std::fs::metadata(dir.join(OUTPUT)).map_or(0, |m| m.len());
         let (written_tx, written) = watch::channel(start);
         let capture = Arc::new(Capture {
-            chunks: chunks.clone(),
+            chunks: Mutex::new(Some(chunks.clone())),
             written,
         });
+        let ours = capture.clone();
         live.insert(dir.to_path_buf(), capture.clone());
         let dir = dir.to_path_buf();
         let registry = self.live.clone();
         handle.spawn(async move {
             pump(&dir, out, err, chunks, written_tx).await;
+            ours.chunks.lock().unwrap_or_else(|p| p.into_inner()).take();
             let mut live = registry.lock().unwrap_or_else(|p| p.into_inner());
             if live
                 .get(&dir)
