@@ -125,7 +125,7 @@ mod location;
 
 pub use dial::{is_loopback, loopback_target};
 pub use errors::ProxyError;
-pub use forward::{forward, is_upgrade_request};
+pub use forward::{forward, forward_node, is_upgrade_request};
 pub use location::{
     LogLocation, choose_container, exec_location, kubelet_target, log_location,
     port_forward_location,
