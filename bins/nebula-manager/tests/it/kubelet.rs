@@ -316,8 +316,9 @@ async fn kubectl_port_forward_reaches_a_port_the_pods_process_listens_on() {
         pf.kill().await.unwrap();
     }
 
-    // The Python client's exec (WebSocket v4). Its port-forward (WebSocket channels) is
-    // not asserted: through this server it hung in 2 of 3 runs, cause not established.
+    // The Python client's exec (WebSocket v4) and port-forward (WebSocket channels,
+    // `v4.channel.k8s.io`): it reads the forwarded connection until the server closes the
+    // session, which the server does when the pod's side of the connection ends.
     let python = Path::new("/usr/bin/python3");
     assert!(
         python.is_file(),
@@ -357,6 +358,53 @@ sys.stdout.write(out)
         out.status.success(),
         "python client failed ({:?}): {stderr}; it wrote {:?}",
         out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "served by the pod\n");
+
+    let script = r#"
+import sys
+from kubernetes import client, config
+from kubernetes.stream import portforward
+config.load_kube_config(config_file=sys.argv[1])
+api = client.CoreV1Api()
+port = int(sys.argv[2])
+pf = portforward(api.connect_get_namespaced_pod_portforward, "srv", "default", ports=str(port))
+s = pf.socket(port)
+s.setblocking(True)
+s.sendall(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")
+data = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+s.close()
+error = pf.error(port)
+if error:
+    sys.exit("port-forward error: " + error)
+sys.stdout.write(data.decode().split("\r\n\r\n", 1)[1])
+"#;
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("timeout")
+            .arg("50")
+            .arg(python)
+            .arg("-u")
+            .arg("-c")
+            .arg(script)
+            .arg(&kc)
+            .arg(pod_port.to_string())
+            .output(),
+    )
+    .await
+    .expect("the python client's port-forward did not finish within 60 s")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "python port-forward failed ({:?}, 124 is the 50 s timeout): {}; it wrote {:?}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "served by the pod\n");
