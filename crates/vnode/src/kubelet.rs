@@ -1,21 +1,29 @@
-//! The kubelet API of the virtual nodes: one HTTPS listener serving `kubectl logs` and
-//! `kubectl exec` for every provider's node.
+//! The kubelet API of the virtual nodes: one HTTPS listener serving `kubectl logs`,
+//! `exec`, `attach`, `port-forward` and the node proxy's stats for every provider's node.
 //!
-//! The API server proxies `pods/log` and `pods/exec` to the kubelet at the pod's Node
-//! address and daemon-endpoint port. A virtual node has no kubelet, so the manager serves
-//! those routes itself. The routes carry only namespace, pod and container, so a request
-//! is resolved by asking each registered [`Handler`] whether it tracks the pod (at most
-//! one does).
+//! The API server proxies `pods/log`, `pods/exec`, `pods/attach`, `pods/portforward` and
+//! `nodes/proxy` to the kubelet at the Node's address and daemon-endpoint port. A virtual
+//! node has no kubelet, so the manager serves those routes itself. The routes carry only
+//! namespace, pod and container, so a request is resolved by asking each registered
+//! [`Handler`] whether it tracks the pod (at most one does).
 //!
 //! Routes:
 //! - `GET /containerLogs/{ns}/{pod}/{container}`: the provider's [`LogStreamer`](crate::LogStreamer)
-//!   with `follow`, `tailLines`, `limitBytes`, `timestamps`, `sinceSeconds`, `previous`;
+//!   with `follow`, `tailLines` (or `tail`), `limitBytes`, `timestamps`, `sinceSeconds`,
+//!   `sinceTime`, checked as the kubelet checks `PodLogOptions` (400 when a value does not
+//!   decode, 422 when it is out of range); `previous` is 400 (an instance has no earlier run);
 //! - `GET|POST /exec/{ns}/{pod}[/{uid}]/{container}?command=..`: the provider's
 //!   [`Executor`](crate::Executor), over SPDY/3.1 or WebSocket (the `kubestream` crate),
 //!   with a terminal and its resize events for `tty=1`;
+//! - `GET|POST /attach/{ns}/{pod}[/{uid}]/{container}`: the provider's
+//!   [`Attacher`](crate::Attacher): the instance's own process's output from now on, its
+//!   stdin, its terminal's size; Success when the process's output ends;
 //! - `GET|POST /portForward/{ns}/{pod}`: the provider's
 //!   [`PortForwarder`](crate::PortForwarder), over SPDY/3.1, SPDY tunnelled in WebSocket,
 //!   or the WebSocket channel form;
+//! - `GET /stats/summary` (the `stats/v1alpha1` Summary) and `GET /metrics/resource` (the
+//!   kubelet's resource metrics in Prometheus text) from the providers'
+//!   [`StatsSource`](crate::StatsSource);
 //! - `GET /pods`: the pods the handlers know, as a `PodList` of names;
 //! - `GET /healthz`: `ok`.
 //!
@@ -32,13 +40,12 @@
 //! firewall).
 //!
 //! Optional webhook authorization ([`KubeletServer::with_webhook_authorization`]) asks the
-//! API server with a SubjectAccessReview for `nodes/proxy` on the pod's node whether the
-//! caller (the subject of its client certificate) may do the request.
+//! API server with a SubjectAccessReview whether the caller (the subject of its client
+//! certificate) may do the request: `nodes/proxy` on the pod's node for the pod routes,
+//! `nodes/stats` and `nodes/metrics` on every node served for `/stats` and `/metrics`.
 //!
-//! Not built: `/attach`, `/stats/summary`, `/metrics/resource` (answered 404 naming what
-//! is missing), bearer-token callers (no TokenReview), honouring `sinceSeconds`
-//! (validated, then ignored: the process provider's log has no per-line times); and
-//! `timestamps` stamps a line with the time it is served, not the time it was written.
+//! Not built: bearer-token callers (no TokenReview); the stats routes cannot tell which
+//! virtual node a request is for (they share one address), so they answer for all.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};

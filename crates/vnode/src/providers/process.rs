@@ -1,22 +1,30 @@
 //! The `process` provider: a pod is a local process group running its first container's
 //! command and args, with its literal env, in a working directory under a per-pod
-//! directory of the state dir. Output (stdout and stderr, interleaved as written) goes to
-//! `output.log` there, which is what log streaming serves.
+//! directory of the state dir. Its stdout and stderr go through FIFOs the manager drains
+//! into `output.log` (see the `capture` module), which is what log streaming serves and
+//! what attach follows live. A container with `stdin: true` gets a stdin FIFO kept open
+//! (attach writes to it); one with `tty: true` runs under `script`, on a terminal that
+//! lives inside the pod's process group.
 //!
 //! Layout of `--state-dir`, one directory per claim:
 //!
 //! ```text
 //! <state-dir>/<claim>/instance.json   pid, start time, pod (written after the spawn)
-//! <state-dir>/<claim>/output.log      stdout and stderr
+//! <state-dir>/<claim>/output.log      stdout and stderr, in the order captured
+//! <state-dir>/<claim>/output.idx      capture time of each chunk of output.log
+//! <state-dir>/<claim>/stdout.fifo     the process's stdout (also stderr.fifo, stdin.fifo)
 //! <state-dir>/<claim>/exit            exit code, written by the process's shell wrapper
 //! <state-dir>/<claim>/root/           working directory base (workingDir resolves here)
 //! ```
 //!
-//! A restarted manager finds its instances again from these files. A PID alone is not an
+//! A restarted manager finds its instances again from these files, and resumes draining
+//! their FIFOs. A PID alone is not an
 //! identity (the kernel reuses them), so an instance is alive only when the PID's start
 //! time (`/proc/<pid>/stat`) matches the recorded one. Every process carries its claim in
 //! `NEBULA_CLAIM`, so a manager that died between the spawn and the write of
 //! `instance.json` finds the process by that tag instead of starting a second one.
+//!
+//! Stats are those of the pod's process group and its descendants, read from `/proc`.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
