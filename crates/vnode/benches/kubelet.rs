@@ -66,7 +66,13 @@ async fn exec(tls: &tokio_rustls::TlsConnector, port: u16, command: &[&str]) -> 
         "sec-websocket-protocol",
         "v5.channel.k8s.io".parse().unwrap(),
     );
-    let (mut ws, _) = tokio_tungstenite::client_async(req, stream).await.unwrap();
+    // The client's read buffer: tungstenite zeroes it before every read, and its 128 KiB
+    // default made this client (not the server under test) the largest cost of the run.
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .read_buffer_size(16 * 1024);
+    let (mut ws, _) = tokio_tungstenite::client_async_with_config(req, stream, Some(config))
+        .await
+        .unwrap();
     let mut stdout = 0;
     let mut status = String::new();
     while let Some(msg) = ws.next().await {

@@ -1,4 +1,5 @@
-//! Forwarding of `pods/log`, `pods/exec`, `pods/attach`, `pods/portforward` to the kubelet.
+//! Forwarding of `pods/log`, `pods/exec`, `pods/attach`, `pods/portforward` and
+//! `nodes/{name}/proxy/{path}` (plain GETs only: [`forward_node`]) to the kubelet.
 //!
 //! This follows kube-apiserver (`pkg/registry/core/pod/strategy.go` for the locations,
 //! `pkg/kubelet/client/kubelet_client.go` for the connection, the upgrade-aware proxy in
