@@ -174,7 +174,10 @@ fn pipes(streams: Streams) -> Pipes {
 
 /// Appends up to [`CHUNK`] bytes from an optional pipe to `buf` (its spare capacity, not
 /// zeroed first); pending forever when there is none.
-async fn read_opt_into(pipe: &mut Option<DuplexStream>, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+async fn read_opt_into(
+    pipe: &mut Option<DuplexStream>,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<usize> {
     match pipe {
         Some(p) => p.take(CHUNK as u64).read_buf(buf).await,
         None => std::future::pending().await,

@@ -486,12 +486,16 @@ mod channel_tests {
             .await
         });
         let mut ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
-        ws.send(Message::binary(b"\x00ping".to_vec())).await.unwrap();
+        ws.send(Message::binary(b"\x00ping".to_vec()))
+            .await
+            .unwrap();
         let mut data = Vec::new();
         let ended = tokio::time::timeout(std::time::Duration::from_secs(10), async {
             while let Some(msg) = ws.next().await {
                 match msg {
-                    Ok(Message::Binary(b)) if b.first() == Some(&0) => data.extend_from_slice(&b[1..]),
+                    Ok(Message::Binary(b)) if b.first() == Some(&0) => {
+                        data.extend_from_slice(&b[1..])
+                    }
                     Ok(Message::Close(_)) | Err(_) => return true,
                     _ => {}
                 }
@@ -499,7 +503,11 @@ mod channel_tests {
             true
         })
         .await;
-        assert_eq!(ended, Ok(true), "the session stayed open after the pod closed");
+        assert_eq!(
+            ended,
+            Ok(true),
+            "the session stayed open after the pod closed"
+        );
         // The port prefix, then what the pod wrote.
         assert_eq!(data, [&port.to_le_bytes()[..], b"pong"].concat());
         session.await.unwrap().unwrap();

@@ -447,14 +447,18 @@ impl KubeletServer {
             (["portForward", ns, pod], &Method::GET | &Method::POST) => {
                 self.port_forward(req, ns, pod, &pairs, cancel)
             }
-            (["stats" | "metrics" | "run" | "spec" | "checkpoint" | "configz", ..], _) => {
-                text(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "{path} is not built in this kubelet API (nebula-manager serves /stats/summary and /metrics/resource)\n"
-                    ),
-                )
-            }
+            (
+                [
+                    "stats" | "metrics" | "run" | "spec" | "checkpoint" | "configz",
+                    ..,
+                ],
+                _,
+            ) => text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "{path} is not built in this kubelet API (nebula-manager serves /stats/summary and /metrics/resource)\n"
+                ),
+            ),
             _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
         }
     }
@@ -611,7 +615,11 @@ impl KubeletServer {
             }
         };
         let s = tokio_util::io::ReaderStream::new(stream).map(|r| r.map(Frame::data));
-        respond(StatusCode::OK, "text/plain", StreamBody::new(s).boxed_unsync())
+        respond(
+            StatusCode::OK,
+            "text/plain",
+            StreamBody::new(s).boxed_unsync(),
+        )
     }
 
     fn exec(
@@ -934,15 +942,14 @@ impl KubeletServer {
         };
         let now = now_nanos();
         let cpu = |t: u64, total: u64, rate: Option<u64>| {
-            let mut v = serde_json::json!({"time": rfc3339_seconds(t), "usageCoreNanoSeconds": total});
+            let mut v =
+                serde_json::json!({"time": rfc3339_seconds(t), "usageCoreNanoSeconds": total});
             if let Some(r) = rate {
                 v["usageNanoCores"] = r.into();
             }
             v
         };
-        let memory = |t: u64, ws: u64, rss: u64| {
-            serde_json::json!({"time": rfc3339_seconds(t), "usageBytes": rss, "workingSetBytes": ws, "rssBytes": rss})
-        };
+        let memory = |t: u64, ws: u64, rss: u64| serde_json::json!({"time": rfc3339_seconds(t), "usageBytes": rss, "workingSetBytes": ws, "rssBytes": rss});
         let node_name = nodes.first().cloned().unwrap_or_default();
         let (mut cpu_total, mut ws_total, mut rss_total) = (0u64, 0u64, 0u64);
         let mut rate_total = Some(0u64);
@@ -952,7 +959,9 @@ impl KubeletServer {
             cpu_total = cpu_total.saturating_add(st.cpu_nanos);
             ws_total = ws_total.saturating_add(st.working_set_bytes);
             rss_total = rss_total.saturating_add(st.memory_bytes);
-            rate_total = rate_total.zip(p.nano_cores).map(|(a, b)| a.saturating_add(b));
+            rate_total = rate_total
+                .zip(p.nano_cores)
+                .map(|(a, b)| a.saturating_add(b));
             let t = st.timestamp_unix_nanos;
             let start = st
                 .start_time_unix
@@ -983,7 +992,11 @@ impl KubeletServer {
             },
             "pods": items,
         });
-        respond(StatusCode::OK, "application/json", full(summary.to_string()))
+        respond(
+            StatusCode::OK,
+            "application/json",
+            full(summary.to_string()),
+        )
     }
 
     /// `/metrics/resource`: the kubelet's resource metrics in Prometheus text, what
@@ -1016,7 +1029,9 @@ fn rfc3339_seconds(nanos: u64) -> String {
 }
 
 fn label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn seconds(nanos: u64) -> String {
@@ -1027,7 +1042,10 @@ fn seconds(nanos: u64) -> String {
 fn resource_metrics(pods: &[PodStats], failed: bool, now: u64) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, rows: &mut dyn Iterator<Item = (String, String, u64)>| {
+    let mut family = |name: &str,
+                      kind: &str,
+                      help: &str,
+                      rows: &mut dyn Iterator<Item = (String, String, u64)>| {
         let _ = writeln!(out, "# HELP {name} [STABLE] {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (labels, value, t) in rows {
@@ -1042,29 +1060,55 @@ fn resource_metrics(pods: &[PodStats], failed: bool, now: u64) -> String {
             label(&p.pod)
         )
     };
-    let pl = |p: &PodStats| format!("{{namespace=\"{}\",pod=\"{}\"}}", label(&p.namespace), label(&p.pod));
+    let pl = |p: &PodStats| {
+        format!(
+            "{{namespace=\"{}\",pod=\"{}\"}}",
+            label(&p.namespace),
+            label(&p.pod)
+        )
+    };
     family(
         "container_cpu_usage_seconds_total",
         "counter",
         "Cumulative cpu time consumed by the container in core-seconds",
-        &mut pods.iter().map(|p| (cl(p), seconds(p.stats.cpu_nanos), p.stats.timestamp_unix_nanos)),
+        &mut pods.iter().map(|p| {
+            (
+                cl(p),
+                seconds(p.stats.cpu_nanos),
+                p.stats.timestamp_unix_nanos,
+            )
+        }),
     );
     family(
         "container_memory_working_set_bytes",
         "gauge",
         "Current working set of the container in bytes",
-        &mut pods.iter().map(|p| (cl(p), p.stats.working_set_bytes.to_string(), p.stats.timestamp_unix_nanos)),
+        &mut pods.iter().map(|p| {
+            (
+                cl(p),
+                p.stats.working_set_bytes.to_string(),
+                p.stats.timestamp_unix_nanos,
+            )
+        }),
     );
     family(
         "container_start_time_seconds",
         "gauge",
         "Start time of the container since unix epoch in seconds",
         &mut pods.iter().filter_map(|p| {
-            p.stats.start_time_unix.map(|s| (cl(p), s.to_string(), p.stats.timestamp_unix_nanos))
+            p.stats
+                .start_time_unix
+                .map(|s| (cl(p), s.to_string(), p.stats.timestamp_unix_nanos))
         }),
     );
-    let node_cpu: u64 = pods.iter().map(|p| p.stats.cpu_nanos).fold(0, u64::saturating_add);
-    let node_ws: u64 = pods.iter().map(|p| p.stats.working_set_bytes).fold(0, u64::saturating_add);
+    let node_cpu: u64 = pods
+        .iter()
+        .map(|p| p.stats.cpu_nanos)
+        .fold(0, u64::saturating_add);
+    let node_ws: u64 = pods
+        .iter()
+        .map(|p| p.stats.working_set_bytes)
+        .fold(0, u64::saturating_add);
     family(
         "node_cpu_usage_seconds_total",
         "counter",
@@ -1081,15 +1125,30 @@ fn resource_metrics(pods: &[PodStats], failed: bool, now: u64) -> String {
         "pod_cpu_usage_seconds_total",
         "counter",
         "Cumulative cpu time consumed by the pod in core-seconds",
-        &mut pods.iter().map(|p| (pl(p), seconds(p.stats.cpu_nanos), p.stats.timestamp_unix_nanos)),
+        &mut pods.iter().map(|p| {
+            (
+                pl(p),
+                seconds(p.stats.cpu_nanos),
+                p.stats.timestamp_unix_nanos,
+            )
+        }),
     );
     family(
         "pod_memory_working_set_bytes",
         "gauge",
         "Current working set of the pod in bytes",
-        &mut pods.iter().map(|p| (pl(p), p.stats.working_set_bytes.to_string(), p.stats.timestamp_unix_nanos)),
+        &mut pods.iter().map(|p| {
+            (
+                pl(p),
+                p.stats.working_set_bytes.to_string(),
+                p.stats.timestamp_unix_nanos,
+            )
+        }),
     );
-    let _ = writeln!(out, "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container metrics, 0 otherwise");
+    let _ = writeln!(
+        out,
+        "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container metrics, 0 otherwise"
+    );
     let _ = writeln!(out, "# TYPE resource_scrape_error gauge");
     let _ = writeln!(out, "resource_scrape_error {}", u8::from(failed));
     out
@@ -1142,7 +1201,12 @@ fn log_options(pairs: &[(String, String)], now: i128) -> Result<LogOptions, Refu
             format!("Unable to decode query: {key}={v:?} {what}\n"),
         )
     };
-    let invalid = |msg: String| (StatusCode::UNPROCESSABLE_ENTITY, format!("Invalid request: {msg}\n"));
+    let invalid = |msg: String| {
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("Invalid request: {msg}\n"),
+        )
+    };
     let int = |key: &str| -> Result<Option<i64>, Refusal> {
         match value(pairs, key) {
             None => Ok(None),
@@ -1154,7 +1218,10 @@ fn log_options(pairs: &[(String, String)], now: i128) -> Result<LogOptions, Refu
     };
     let tail = match value(pairs, "tail") {
         Some("all") => None,
-        Some(v) => Some(v.parse::<i64>().map_err(|_| bad("tail", v, "is not an integer"))?),
+        Some(v) => Some(
+            v.parse::<i64>()
+                .map_err(|_| bad("tail", v, "is not an integer"))?,
+        ),
         None => int("tailLines")?,
     };
     let limit = int("limitBytes")?;
@@ -1170,7 +1237,9 @@ fn log_options(pairs: &[(String, String)], now: i128) -> Result<LogOptions, Refu
     if let Some(t) = tail
         && t < 0
     {
-        return Err(invalid(format!("tailLines {t} must be greater than or equal to 0")));
+        return Err(invalid(format!(
+            "tailLines {t} must be greater than or equal to 0"
+        )));
     }
     if let Some(l) = limit
         && l < 1
@@ -1183,7 +1252,9 @@ fn log_options(pairs: &[(String, String)], now: i128) -> Result<LogOptions, Refu
         return Err(invalid(format!("sinceSeconds {s} must be greater than 0")));
     }
     if since_seconds.is_some() && since_time.is_some() {
-        return Err(invalid("at most one of sinceTime or sinceSeconds may be specified".into()));
+        return Err(invalid(
+            "at most one of sinceTime or sinceSeconds may be specified".into(),
+        ));
     }
     let since = since_time.or_else(|| since_seconds.map(|s| now - i128::from(s) * 1_000_000_000));
     Ok(LogOptions {
@@ -1259,7 +1330,11 @@ mod tests {
                 .collect()
         };
         let now = 1_000_000_000_000_000_000i128;
-        let ok = log_options(&q("tailLines=3&limitBytes=10&sinceSeconds=5&timestamps=true&follow=1"), now).unwrap();
+        let ok = log_options(
+            &q("tailLines=3&limitBytes=10&sinceSeconds=5&timestamps=true&follow=1"),
+            now,
+        )
+        .unwrap();
         assert_eq!(ok.tail_lines, Some(3));
         assert_eq!(ok.limit_bytes, Some(10));
         assert_eq!(ok.since_unix_nanos, Some(now - 5_000_000_000));
@@ -1274,7 +1349,10 @@ mod tests {
             ("tailLines=-1", StatusCode::UNPROCESSABLE_ENTITY),
             ("limitBytes=0", StatusCode::UNPROCESSABLE_ENTITY),
             ("sinceSeconds=0", StatusCode::UNPROCESSABLE_ENTITY),
-            ("sinceSeconds=5&sinceTime=2023-11-14T22:13:20Z", StatusCode::UNPROCESSABLE_ENTITY),
+            (
+                "sinceSeconds=5&sinceTime=2023-11-14T22:13:20Z",
+                StatusCode::UNPROCESSABLE_ENTITY,
+            ),
         ] {
             assert_eq!(log_options(&q(bad), now).unwrap_err().0, code, "{bad}");
         }

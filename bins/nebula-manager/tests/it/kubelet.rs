@@ -573,7 +573,9 @@ async fn kubectl_attach_log_options_and_node_stats_reach_the_process_provider() 
         }
     }
     let timed_pod = process_pod("timed", json!({"command": ["sh", "-c", timed]}));
-    pods.create(&PostParams::default(), &timed_pod).await.unwrap();
+    pods.create(&PostParams::default(), &timed_pod)
+        .await
+        .unwrap();
     for (v, _) in versions {
         running(&pods, &format!("chat-{v}")).await.unwrap();
         running(&pods, &format!("tty-{v}")).await.unwrap();
@@ -590,8 +592,16 @@ async fn kubectl_attach_log_options_and_node_stats_reach_the_process_provider() 
             "kubectl {v} attach -i: {}{}",
             out.stdout, out.stderr
         );
-        assert_eq!(out.stdout, "got hello\ngot bye\n", "kubectl {v}: {}", out.stderr);
-        assert!(out.stderr.contains("err hello\nerr bye\n"), "kubectl {v}: {}", out.stderr);
+        assert_eq!(
+            out.stdout, "got hello\ngot bye\n",
+            "kubectl {v}: {}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains("err hello\nerr bye\n"),
+            "kubectl {v}: {}",
+            out.stderr
+        );
         // What the process wrote before the attach is in its log, not the attach.
         let logs = run(bin, &kc, &["logs", &pod], None).await;
         assert!(logs.stdout.starts_with("ready\n"), "{}", logs.stdout);
@@ -608,7 +618,10 @@ async fn kubectl_attach_log_options_and_node_stats_reach_the_process_provider() 
         )
         .await;
         assert_eq!(code, Some(0), "kubectl {v} attach -it: {text:?}");
-        assert!(text.contains("size 33 111"), "kubectl {v} attach -it: {text:?}");
+        assert!(
+            text.contains("size 33 111"),
+            "kubectl {v} attach -it: {text:?}"
+        );
     }
 
     // Log options as the kubelet serves them, through kubectl 1.32.
@@ -629,8 +642,18 @@ async fn kubectl_attach_log_options_and_node_stats_reach_the_process_provider() 
     );
     // sinceTime has second precision: the second the late line was written in.
     let since = stamps[1].format("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let late = run(&k132, &kc, &["logs", "timed", &format!("--since-time={since}")], None).await;
-    assert_eq!(late.stdout, "late\n", "--since-time={since}: {}", late.stderr);
+    let late = run(
+        &k132,
+        &kc,
+        &["logs", "timed", &format!("--since-time={since}")],
+        None,
+    )
+    .await;
+    assert_eq!(
+        late.stdout, "late\n",
+        "--since-time={since}: {}",
+        late.stderr
+    );
     let hour = run(&k132, &kc, &["logs", "timed", "--since=1h"], None).await;
     assert_eq!(hour.stdout, "early\nlate\n", "{}", hour.stderr);
     let limited = run(&k132, &kc, &["logs", "timed", "--limit-bytes=8"], None).await;
@@ -649,7 +672,11 @@ async fn kubectl_attach_log_options_and_node_stats_reach_the_process_provider() 
     let summary = run(
         &k132,
         &kc,
-        &["get", "--raw", "/api/v1/nodes/nebula-process/proxy/stats/summary"],
+        &[
+            "get",
+            "--raw",
+            "/api/v1/nodes/nebula-process/proxy/stats/summary",
+        ],
         None,
     )
     .await;
@@ -663,13 +690,23 @@ async fn kubectl_attach_log_options_and_node_stats_reach_the_process_provider() 
         .find(|p| p["podRef"]["name"] == "timed")
         .unwrap_or_else(|| panic!("no stats of pod timed: {summary}"));
     assert_eq!(timed_stats["containers"][0]["name"], "main");
-    assert!(timed_stats["memory"]["workingSetBytes"].as_u64().unwrap() > 0, "{timed_stats}");
-    assert!(timed_stats["cpu"]["usageCoreNanoSeconds"].is_u64(), "{timed_stats}");
+    assert!(
+        timed_stats["memory"]["workingSetBytes"].as_u64().unwrap() > 0,
+        "{timed_stats}"
+    );
+    assert!(
+        timed_stats["cpu"]["usageCoreNanoSeconds"].is_u64(),
+        "{timed_stats}"
+    );
     assert!(timed_stats["startTime"].is_string(), "{timed_stats}");
     let metrics = run(
         &k132,
         &kc,
-        &["get", "--raw", "/api/v1/nodes/nebula-process/proxy/metrics/resource"],
+        &[
+            "get",
+            "--raw",
+            "/api/v1/nodes/nebula-process/proxy/metrics/resource",
+        ],
         None,
     )
     .await;
@@ -680,6 +717,10 @@ async fn kubectl_attach_log_options_and_node_stats_reach_the_process_provider() 
         "pod_cpu_usage_seconds_total{namespace=\"default\",pod=\"timed\"} ",
         "resource_scrape_error 0",
     ] {
-        assert!(metrics.stdout.contains(want), "no {want:?} in {}", metrics.stdout);
+        assert!(
+            metrics.stdout.contains(want),
+            "no {want:?} in {}",
+            metrics.stdout
+        );
     }
 }

@@ -286,7 +286,9 @@ pub async fn forward_node(
         let mut answer = Response::new(body);
         *answer.status_mut() = parts.status;
         if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
-            answer.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+            answer
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, ct.clone());
         }
         Ok::<_, ProxyError>(answer)
     };

@@ -860,5 +860,11 @@ async fn the_node_proxy_passes_the_kubelets_answer_through_with_the_query() {
         .unwrap();
     let (code, status) = status_of(post).await;
     assert_eq!(code, 405);
-    assert!(status["message"].as_str().unwrap().contains("only plain GET"), "{status}");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("only plain GET"),
+        "{status}"
+    );
 }

@@ -88,9 +88,8 @@ impl Captures {
             return None;
         }
         let handle = tokio::runtime::Handle::try_current().ok()?;
-        let open = |name: &str| {
-            tokio::net::unix::pipe::OpenOptions::new().open_receiver(dir.join(name))
-        };
+        let open =
+            |name: &str| tokio::net::unix::pipe::OpenOptions::new().open_receiver(dir.join(name));
         // Opening needs the runtime's reactor: enter it (this may run outside a task).
         let _guard = handle.enter();
         let (out, err) = match (open(STDOUT_FIFO), open(STDERR_FIFO)) {
@@ -236,11 +235,7 @@ pub(crate) fn read_index(dir: &Path) -> Vec<(u64, u64)> {
 /// (output captured before this format: the log file's modification time).
 pub(crate) fn time_at(index: &[(u64, u64)], offset: u64, fallback: u64) -> u64 {
     let i = index.partition_point(|(o, _)| *o <= offset);
-    if i == 0 {
-        fallback
-    } else {
-        index[i - 1].1
-    }
+    if i == 0 { fallback } else { index[i - 1].1 }
 }
 
 /// What a log request asks to be rendered.
@@ -321,10 +316,7 @@ mod tests {
             since: Some(100),
             timestamps: false,
         };
-        assert_eq!(
-            render_lines(content, 0, &index, 0, &r, false, &mut out),
-            14
-        );
+        assert_eq!(render_lines(content, 0, &index, 0, &r, false, &mut out), 14);
         assert_eq!(out, content);
         out.clear();
         let r = Render {
@@ -345,7 +337,15 @@ mod tests {
             since: None,
             timestamps: true,
         };
-        let used = render_lines(b"a\nb", 10, &[(10, 1_700_000_000_000_000_005)], 0, &r, true, &mut out);
+        let used = render_lines(
+            b"a\nb",
+            10,
+            &[(10, 1_700_000_000_000_000_005)],
+            0,
+            &r,
+            true,
+            &mut out,
+        );
         assert_eq!(used, 2);
         assert_eq!(out, b"2023-11-14T22:13:20.000000005Z a\n");
     }

@@ -46,8 +46,9 @@ use tokio::io::AsyncWriteExt;
 use super::capture::{self, Captures, OUTPUT};
 use crate::crash::{CrashHook, CrashPoint};
 use crate::provider::{
-    Attacher, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance, InstanceState, InstanceStats,
-    LogOptions, LogStreamer, PortForwarder, Provider, ProviderError, ProvisionRequest, StatsSource,
+    Attacher, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance, InstanceState,
+    InstanceStats, LogOptions, LogStreamer, PortForwarder, Provider, ProviderError,
+    ProvisionRequest, StatsSource,
 };
 
 /// Environment variable every process of this provider carries: its claim.
@@ -291,8 +292,12 @@ impl ProcessProvider {
             return Ok(self.instance_of(&dir, &rec));
         }
         let stdin = req.stdin || req.tty;
-        capture::make_fifos(&dir, stdin)
-            .map_err(|e| failed("provision", format!("making FIFOs in {}: {e}", dir.display())))?;
+        capture::make_fifos(&dir, stdin).map_err(|e| {
+            failed(
+                "provision",
+                format!("making FIFOs in {}: {e}", dir.display()),
+            )
+        })?;
         let open = |name: &str| {
             capture::open_for_process(&dir.join(name))
                 .map_err(|e| failed("provision", format!("{}: {e}", dir.join(name).display())))
@@ -723,8 +728,7 @@ impl LogStreamer for ProcessProvider {
                     // instance without one) by polling.
                     match written.as_mut() {
                         Some(w) => {
-                            match tokio::time::timeout(Duration::from_secs(1), w.changed()).await
-                            {
+                            match tokio::time::timeout(Duration::from_secs(1), w.changed()).await {
                                 Ok(Ok(())) => {}
                                 Ok(Err(_)) => ended = true,
                                 Err(_) => {}
@@ -1037,8 +1041,12 @@ impl StatsSource for ProcessProvider {
             if !alive(rec.pid, rec.start_time) {
                 return Err(ProviderError::NotFound(instance_id.to_string()));
             }
-            let group = group_usage(rec.pid)
-                .map_err(|e| failed("stats", format!("reading /proc for process group {}: {e}", rec.pid)))?;
+            let group = group_usage(rec.pid).map_err(|e| {
+                failed(
+                    "stats",
+                    format!("reading /proc for process group {}: {e}", rec.pid),
+                )
+            })?;
             let tick = clock_tick_nanos();
             let page = page_size();
             let boot = boot_time_unix();
@@ -1046,7 +1054,8 @@ impl StatsSource for ProcessProvider {
                 cpu_nanos: group.cpu_ticks.saturating_mul(tick),
                 memory_bytes: group.rss_pages.saturating_mul(page),
                 working_set_bytes: group.rss_pages.saturating_mul(page),
-                start_time_unix: boot.map(|b| b + rec.start_time.saturating_mul(tick) / 1_000_000_000),
+                start_time_unix: boot
+                    .map(|b| b + rec.start_time.saturating_mul(tick) / 1_000_000_000),
                 timestamp_unix_nanos: std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
@@ -1326,7 +1335,13 @@ mod tests {
         };
         // 10 leads group 10; 11 is in it; 12 (child of 11) started a session of its own;
         // 13 is 12's child; 20 is unrelated.
-        let all = vec![(10, st(1, 10)), (11, st(10, 10)), (12, st(11, 12)), (13, st(12, 12)), (20, st(1, 20))];
+        let all = vec![
+            (10, st(1, 10)),
+            (11, st(10, 10)),
+            (12, st(11, 12)),
+            (13, st(12, 12)),
+            (20, st(1, 20)),
+        ];
         let mut pids: Vec<i32> = select_pod(all, 10).into_iter().map(|(p, _)| p).collect();
         pids.sort_unstable();
         assert_eq!(pids, vec![10, 11, 12, 13]);

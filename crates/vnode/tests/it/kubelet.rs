@@ -303,7 +303,10 @@ async fn webhook_authorization_asks_the_api_server_and_refuses_with_403() {
         .unwrap();
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     // Stats and metrics are nodes/stats and nodes/metrics, which alice may not get.
-    for (path, sub) in [("/stats/summary", "stats"), ("/metrics/resource", "metrics")] {
+    for (path, sub) in [
+        ("/stats/summary", "stats"),
+        ("/metrics/resource", "metrics"),
+    ] {
         let refused = get(&server, port, path, Some((&alice, &alice_key)))
             .await
             .unwrap();

@@ -167,13 +167,22 @@ async fn read_until(
         while !String::from_utf8_lossy(buf).contains(want) {
             let mut chunk = [0u8; 4096];
             let n = from.read(&mut chunk).await?;
-            anyhow::ensure!(n > 0, "ended before {want:?}: {:?}", String::from_utf8_lossy(buf));
+            anyhow::ensure!(
+                n > 0,
+                "ended before {want:?}: {:?}",
+                String::from_utf8_lossy(buf)
+            );
             buf.extend_from_slice(&chunk[..n]);
         }
         Ok(String::from_utf8_lossy(buf).into_owned())
     })
     .await
-    .map_err(|_| anyhow::anyhow!("no {want:?} within 10 s: {:?}", String::from_utf8_lossy(buf)))?
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "no {want:?} within 10 s: {:?}",
+            String::from_utf8_lossy(buf)
+        )
+    })?
 }
 
 #[tokio::test]
@@ -220,8 +229,14 @@ async fn attach_writes_the_live_process_stdin_and_reads_its_stdout_and_stderr_ap
     });
     stdin_w.write_all(b"one\n").await?;
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    assert_eq!(read_until(&mut out_r, &mut out, "out one\n").await?, "out one\n");
-    assert_eq!(read_until(&mut err_r, &mut err, "err one\n").await?, "err one\n");
+    assert_eq!(
+        read_until(&mut out_r, &mut out, "out one\n").await?,
+        "out one\n"
+    );
+    assert_eq!(
+        read_until(&mut err_r, &mut err, "err one\n").await?,
+        "err one\n"
+    );
     // The client's end of input does not close the process's (no stdinOnce).
     drop(stdin_w);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -252,7 +267,10 @@ async fn attach_writes_the_live_process_stdin_and_reads_its_stdout_and_stderr_ap
         .read_to_string(&mut log)
         .await?;
     assert!(log.starts_with("before\nout one\n"), "{log}");
-    assert!(log.contains("err one\n") && log.contains("out quit\n"), "{log}");
+    assert!(
+        log.contains("err one\n") && log.contains("out quit\n"),
+        "{log}"
+    );
     // Attaching to a process that ended says so.
     wait_for("the process to end", || async {
         Ok(matches!(p.status(&a.id).await?, Some(i) if i.state == (InstanceState::Exited { code: 0 })).then_some(()))
@@ -264,7 +282,8 @@ async fn attach_writes_the_live_process_stdin_and_reads_its_stdout_and_stderr_ap
         .attach(&a.id, ExecIo::pipes(None, None, None))
         .await;
     assert!(
-        late.as_ref().is_err_and(|e| e.to_string().contains("not running")),
+        late.as_ref()
+            .is_err_and(|e| e.to_string().contains("not running")),
         "{late:?}"
     );
     p.terminate(&a.id).await?;
@@ -329,7 +348,11 @@ fn stamped(text: &str) -> Vec<(i128, String)> {
         .map(|l| {
             let (t, rest) = l.split_once(' ').unwrap();
             let t = chrono::DateTime::parse_from_rfc3339(t).unwrap();
-            assert_eq!(t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true).len(), 30, "{l}");
+            assert_eq!(
+                t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true).len(),
+                30,
+                "{l}"
+            );
             (
                 i128::from(t.timestamp()) * 1_000_000_000 + i128::from(t.timestamp_subsec_nanos()),
                 rest.to_string(),
@@ -452,9 +475,15 @@ async fn stats_sum_the_pods_processes() -> anyhow::Result<()> {
         Ok((s.cpu_nanos >= 100_000_000).then_some(s))
     })
     .await?;
-    assert!(stats.memory_bytes > 0 && stats.working_set_bytes > 0, "{stats:?}");
+    assert!(
+        stats.memory_bytes > 0 && stats.working_set_bytes > 0,
+        "{stats:?}"
+    );
     let start = stats.start_time_unix.unwrap();
-    assert!(start + 2 >= before && start <= before + 5, "{start} vs {before}");
+    assert!(
+        start + 2 >= before && start <= before + 5,
+        "{start} vs {before}"
+    );
     assert_eq!(stats.container.as_deref(), Some("main"));
     assert_eq!(stats.pod_uid.as_deref(), Some("uid-1"));
     p.terminate(&a.id).await?;
