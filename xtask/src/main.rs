@@ -145,6 +145,12 @@ const BENCHES: &[(&str, &str, &str, &str)] = &[
         "exec stream MiB/s and RTT through the kubelet proxy against straight to the stub kubelet",
     ),
     (
+        "kubelet",
+        "vnode",
+        "kubelet",
+        "exec stdout MiB/s through the virtual nodes' kubelet API against a loopback TCP copy; 100 concurrent execs; logs -f latency",
+    ),
+    (
         "vnode",
         "vnode",
         "vnode",

@@ -40,7 +40,10 @@ pub const WS_EXEC_PROTOCOLS: &[&str] = &[
 ];
 
 /// Size of the pipes between the session and the process.
-const PIPE: usize = 64 * 1024;
+const PIPE: usize = 256 * 1024;
+/// The most output read for one frame or message: large, because every message costs a
+/// frame, a flush and a TLS record write however small it is.
+const CHUNK: usize = 128 * 1024;
 
 /// Which standard streams the client asked for (`input`, `output`, `error`, `tty`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -169,12 +172,23 @@ fn pipes(streams: Streams) -> Pipes {
     }
 }
 
-/// Reads from an optional pipe; pending forever when there is none.
-async fn read_opt(pipe: &mut Option<DuplexStream>, buf: &mut [u8]) -> std::io::Result<usize> {
+/// Appends up to [`CHUNK`] bytes from an optional pipe to `buf` (its spare capacity, not
+/// zeroed first); pending forever when there is none.
+async fn read_opt_into(
+    pipe: &mut Option<DuplexStream>,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<usize> {
     match pipe {
-        Some(p) => p.read(buf).await,
+        Some(p) => p.take(CHUNK as u64).read_buf(buf).await,
         None => std::future::pending().await,
     }
+}
+
+/// A buffer for one outgoing message: `prefix`, then room for a chunk.
+fn message_buf(prefix: Option<u8>) -> Vec<u8> {
+    let mut v = Vec::with_capacity(1 + CHUNK);
+    v.extend(prefix);
+    v
 }
 
 fn parse_resizes(data: &[u8], out: &mpsc::Sender<TerminalSize>) {
@@ -326,24 +340,25 @@ where
     let process = run(process_io);
     tokio::pin!(process);
     let mut outcome = None;
-    let mut buf_out = vec![0u8; 32 * 1024];
-    let mut buf_err = vec![0u8; 32 * 1024];
+    // Each chunk is read into a buffer of its own that becomes the frame's data (no copy).
+    let mut buf_out = message_buf(None);
+    let mut buf_err = message_buf(None);
     while outcome.is_none() || stdout_r.is_some() || stderr_r.is_some() {
         tokio::select! {
             o = &mut process, if outcome.is_none() => outcome = Some(o),
-            n = read_opt(&mut stdout_r, &mut buf_out) => match n {
+            n = read_opt_into(&mut stdout_r, &mut buf_out) => match n {
                 Ok(n) if n > 0 => {
+                    let data = Bytes::from(std::mem::replace(&mut buf_out, message_buf(None)));
                     if let Some(id) = out_id {
-                        let data = Bytes::copy_from_slice(&buf_out[..n]);
                         conn.send(Frame::Data { stream_id: id, flags: 0, data }).await?;
                     }
                 }
                 _ => stdout_r = None,
             },
-            n = read_opt(&mut stderr_r, &mut buf_err) => match n {
+            n = read_opt_into(&mut stderr_r, &mut buf_err) => match n {
                 Ok(n) if n > 0 => {
+                    let data = Bytes::from(std::mem::replace(&mut buf_err, message_buf(None)));
                     if let Some(id) = err_id {
-                        let data = Bytes::copy_from_slice(&buf_err[..n]);
                         conn.send(Frame::Data { stream_id: id, flags: 0, data }).await?;
                     }
                 }
@@ -459,17 +474,26 @@ where
     let process = run(process_io);
     tokio::pin!(process);
     let mut outcome = None;
-    let mut buf_out = vec![0u8; 32 * 1024];
-    let mut buf_err = vec![0u8; 32 * 1024];
+    // Binary protocols: each chunk is read after its channel byte into a buffer of its
+    // own that becomes the message (no copy); base64 ones encode it.
+    let prefix = |ch: u8| (!base64).then_some(ch);
+    let mut buf_out = message_buf(prefix(CH_STDOUT));
+    let mut buf_err = message_buf(prefix(CH_STDERR));
     while outcome.is_none() || stdout_r.is_some() || stderr_r.is_some() {
         tokio::select! {
             o = &mut process, if outcome.is_none() => outcome = Some(o),
-            n = read_opt(&mut stdout_r, &mut buf_out) => match n {
-                Ok(n) if n > 0 => ws.send(ws_message(base64, CH_STDOUT, &buf_out[..n])).await?,
+            n = read_opt_into(&mut stdout_r, &mut buf_out) => match n {
+                Ok(n) if n > 0 => {
+                    let full = std::mem::replace(&mut buf_out, message_buf(prefix(CH_STDOUT)));
+                    ws.send(if base64 { ws_message(true, CH_STDOUT, &full) } else { Message::binary(full) }).await?;
+                }
                 _ => stdout_r = None,
             },
-            n = read_opt(&mut stderr_r, &mut buf_err) => match n {
-                Ok(n) if n > 0 => ws.send(ws_message(base64, CH_STDERR, &buf_err[..n])).await?,
+            n = read_opt_into(&mut stderr_r, &mut buf_err) => match n {
+                Ok(n) if n > 0 => {
+                    let full = std::mem::replace(&mut buf_err, message_buf(prefix(CH_STDERR)));
+                    ws.send(if base64 { ws_message(true, CH_STDERR, &full) } else { Message::binary(full) }).await?;
+                }
                 _ => stderr_r = None,
             },
             m = ws.next() => {

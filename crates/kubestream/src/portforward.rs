@@ -18,6 +18,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::codec::Framed;
 
 use crate::spdy::{Codec, FLAG_FIN, Frame, SpdyError};
@@ -284,18 +286,40 @@ where
                     }
                 }
             };
-            tokio::join!(upstream, downstream);
+            // As the kubelet does: the forward of a port ends when either direction does
+            // (in practice, the pod's side closing: the channel protocol has no way for
+            // the client to half-close).
+            tokio::select! {
+                () = upstream => {}
+                () = downstream => {}
+            }
         });
     }
     drop(out_tx);
     loop {
         tokio::select! {
-            Some((ch, chunk)) = out_rx.recv() => {
-                let mut m = Vec::with_capacity(1 + chunk.len());
-                m.push(ch);
-                m.extend_from_slice(&chunk);
-                ws.send(Message::binary(m)).await?;
-            }
+            chunk = out_rx.recv() => match chunk {
+                Some((ch, chunk)) => {
+                    let mut m = Vec::with_capacity(1 + chunk.len());
+                    m.push(ch);
+                    m.extend_from_slice(&chunk);
+                    ws.send(Message::binary(m)).await?;
+                }
+                // Every port's forward ended and its output went out: close the session,
+                // which is how the client learns that the pod closed its connection.
+                None => {
+                    ws.send(Message::Close(Some(CloseFrame {
+                        code: CloseCode::Normal,
+                        reason: "".into(),
+                    })))
+                    .await?;
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+                        while let Some(Ok(_)) = ws.next().await {}
+                    })
+                    .await;
+                    return Ok(());
+                }
+            },
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             msg = ws.next() => match msg {
                 None => return Ok(()),
@@ -436,6 +460,56 @@ mod channel_tests {
             .unwrap();
         assert_eq!(m.into_data().to_vec(), b"\x00HELLO".to_vec());
         ws.send(Message::Close(None)).await.unwrap();
+        session.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn websocket_channels_close_the_session_when_the_pods_side_closes() {
+        use tokio_tungstenite::tungstenite::protocol::Role;
+        // The pod answers once and closes, as an HTTP/1.0 server does.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4];
+            s.read_exact(&mut buf).await.unwrap();
+            s.write_all(b"pong").await.unwrap();
+        });
+        let (server, client) = tokio::io::duplex(64 * 1024);
+        let session = tokio::spawn(async move {
+            let ws = WebSocketStream::from_raw_socket(server, Role::Server, None).await;
+            serve_channels(ws, vec![port], |p: u16| async move {
+                tokio::net::TcpStream::connect(("127.0.0.1", p))
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await
+        });
+        let mut ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+        ws.send(Message::binary(b"\x00ping".to_vec()))
+            .await
+            .unwrap();
+        let mut data = Vec::new();
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while let Some(msg) = ws.next().await {
+                match msg {
+                    Ok(Message::Binary(b)) if b.first() == Some(&0) => {
+                        data.extend_from_slice(&b[1..])
+                    }
+                    Ok(Message::Close(_)) | Err(_) => return true,
+                    _ => {}
+                }
+            }
+            true
+        })
+        .await;
+        assert_eq!(
+            ended,
+            Ok(true),
+            "the session stayed open after the pod closed"
+        );
+        // The port prefix, then what the pod wrote.
+        assert_eq!(data, [&port.to_le_bytes()[..], b"pong"].concat());
         session.await.unwrap().unwrap();
     }
 }

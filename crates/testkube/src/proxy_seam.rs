@@ -44,3 +44,13 @@ pub(crate) async fn forward(
 ) -> Response<Body> {
     crate::proxy::forward(&state.proxy_config.config, pod, node, sub, req).await
 }
+
+/// Forwards a `nodes/{name}/proxy/{path}` request to the node's kubelet.
+pub(crate) async fn forward_node(
+    state: &State,
+    node: &Value,
+    path: &str,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    crate::proxy::forward_node(&state.proxy_config.config, node, path, req).await
+}

@@ -66,7 +66,13 @@ async fn exec(tls: &tokio_rustls::TlsConnector, port: u16, command: &[&str]) -> 
         "sec-websocket-protocol",
         "v5.channel.k8s.io".parse().unwrap(),
     );
-    let (mut ws, _) = tokio_tungstenite::client_async(req, stream).await.unwrap();
+    // The client's read buffer: tungstenite zeroes it before every read, and its 128 KiB
+    // default made this client (not the server under test) the largest cost of the run.
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .read_buffer_size(16 * 1024);
+    let (mut ws, _) = tokio_tungstenite::client_async_with_config(req, stream, Some(config))
+        .await
+        .unwrap();
     let mut stdout = 0;
     let mut status = String::new();
     while let Some(msg) = ws.next().await {
@@ -160,7 +166,77 @@ async fn main() {
         "kubelet exec: 100 concurrent sessions, {ok} completed with output and Success in {:.2}s",
         start.elapsed().as_secs_f64()
     );
+    logs_follow_latency(&handler, &tls, port).await;
     cancel.cancel();
     let _ = handler.delete(&pod).await;
     let _ = instance;
+}
+
+/// `logs -f` latency: a pod prints the wall-clock time (`date +%s%N`) every 10 ms; a
+/// client following its log over TLS takes, for each line, its arrival time minus the
+/// time in it (one clock: same machine).
+async fn logs_follow_latency(handler: &Arc<Handler>, tls: &tokio_rustls::TlsConnector, port: u16) {
+    let samples: usize = std::env::var("KUBELET_BENCH_LOG_LINES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "ticker", "namespace": "default", "uid": "ticker-uid"},
+        "spec": {"containers": [{"name": "main", "image": "none",
+            "command": ["sh", "-c", "while sleep 0.01; do date +%s%N; done"]}]},
+    }))
+    .unwrap();
+    handler.create(&pod).await.unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut stream = tls
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    stream
+        .write_all(
+            b"GET /containerLogs/default/ticker/main?follow=true HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut lat = Vec::with_capacity(samples);
+    let mut pending = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    // Lines already in the log when the follow starts are old: skip the first second.
+    let start = Instant::now();
+    while lat.len() < samples {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("no log line within 10 s")
+            .unwrap();
+        assert!(n > 0, "the log stream ended");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        pending.extend_from_slice(&buf[..n]);
+        while let Some(i) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=i).collect();
+            let text = String::from_utf8_lossy(&line);
+            // Chunked framing lines (hex sizes) are short; the times have 19 digits.
+            if let Ok(t) = text.trim().parse::<u128>()
+                && t > 1_000_000_000_000_000_000
+                && start.elapsed() > Duration::from_secs(1)
+            {
+                lat.push(now.saturating_sub(t) as f64 / 1e6);
+            }
+        }
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize];
+    println!(
+        "kubelet logs -f: write in the process to the client, {} lines: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        lat.len(),
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+    let _ = handler.delete(&pod).await;
 }

@@ -107,6 +107,10 @@ pub fn provision_request(pod: &Pod) -> Option<ProvisionRequest> {
             .annotations
             .as_ref()
             .and_then(|a| a.get(common::keys::CAPACITY_TYPE_ANNOTATION).cloned()),
+        stdin: c.stdin.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        container: c.name.clone(),
+        pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
     })
 }
 

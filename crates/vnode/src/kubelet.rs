@@ -1,21 +1,29 @@
-//! The kubelet API of the virtual nodes: one HTTPS listener serving `kubectl logs` and
-//! `kubectl exec` for every provider's node.
+//! The kubelet API of the virtual nodes: one HTTPS listener serving `kubectl logs`,
+//! `exec`, `attach`, `port-forward` and the node proxy's stats for every provider's node.
 //!
-//! The API server proxies `pods/log` and `pods/exec` to the kubelet at the pod's Node
-//! address and daemon-endpoint port. A virtual node has no kubelet, so the manager serves
-//! those routes itself. The routes carry only namespace, pod and container, so a request
-//! is resolved by asking each registered [`Handler`] whether it tracks the pod (at most
-//! one does).
+//! The API server proxies `pods/log`, `pods/exec`, `pods/attach`, `pods/portforward` and
+//! `nodes/proxy` to the kubelet at the Node's address and daemon-endpoint port. A virtual
+//! node has no kubelet, so the manager serves those routes itself. The routes carry only
+//! namespace, pod and container, so a request is resolved by asking each registered
+//! [`Handler`] whether it tracks the pod (at most one does).
 //!
 //! Routes:
 //! - `GET /containerLogs/{ns}/{pod}/{container}`: the provider's [`LogStreamer`](crate::LogStreamer)
-//!   with `follow`, `tailLines`, `limitBytes`, `timestamps`, `sinceSeconds`, `previous`;
+//!   with `follow`, `tailLines` (or `tail`), `limitBytes`, `timestamps`, `sinceSeconds`,
+//!   `sinceTime`, checked as the kubelet checks `PodLogOptions` (400 when a value does not
+//!   decode, 422 when it is out of range); `previous` is 400 (an instance has no earlier run);
 //! - `GET|POST /exec/{ns}/{pod}[/{uid}]/{container}?command=..`: the provider's
 //!   [`Executor`](crate::Executor), over SPDY/3.1 or WebSocket (the `kubestream` crate),
 //!   with a terminal and its resize events for `tty=1`;
+//! - `GET|POST /attach/{ns}/{pod}[/{uid}]/{container}`: the provider's
+//!   [`Attacher`](crate::Attacher): the instance's own process's output from now on, its
+//!   stdin, its terminal's size; Success when the process's output ends;
 //! - `GET|POST /portForward/{ns}/{pod}`: the provider's
 //!   [`PortForwarder`](crate::PortForwarder), over SPDY/3.1, SPDY tunnelled in WebSocket,
 //!   or the WebSocket channel form;
+//! - `GET /stats/summary` (the `stats/v1alpha1` Summary) and `GET /metrics/resource` (the
+//!   kubelet's resource metrics in Prometheus text) from the providers'
+//!   [`StatsSource`](crate::StatsSource);
 //! - `GET /pods`: the pods the handlers know, as a `PodList` of names;
 //! - `GET /healthz`: `ok`.
 //!
@@ -32,13 +40,12 @@
 //! firewall).
 //!
 //! Optional webhook authorization ([`KubeletServer::with_webhook_authorization`]) asks the
-//! API server with a SubjectAccessReview for `nodes/proxy` on the pod's node whether the
-//! caller (the subject of its client certificate) may do the request.
+//! API server with a SubjectAccessReview whether the caller (the subject of its client
+//! certificate) may do the request: `nodes/proxy` on the pod's node for the pod routes,
+//! `nodes/stats` and `nodes/metrics` on every node served for `/stats` and `/metrics`.
 //!
-//! Not built: `/attach`, `/stats/summary`, `/metrics/resource` (answered 404 naming what
-//! is missing), bearer-token callers (no TokenReview), honouring `sinceSeconds`
-//! (validated, then ignored: the process provider's log has no per-line times); and
-//! `timestamps` stamps a line with the time it is served, not the time it was written.
+//! Not built: bearer-token callers (no TokenReview); the stats routes cannot tell which
+//! virtual node a request is for (they share one address), so they answer for all.
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -55,14 +62,13 @@ use hyper_util::rt::TokioIo;
 use kubestream::exec::{Outcome, ProcessIo, Streams, WS_EXEC_PROTOCOLS};
 use kubestream::upgrade;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::handler::{Handler, PodInstance};
-use crate::provider::{ByteSink, ByteStream, ExecIo, LogOptions, Provider};
+use crate::provider::{ByteSink, ByteStream, ExecIo, InstanceStats, LogOptions, Provider};
 
 /// Where the kubelet API listens by default (a real kubelet's port, so existing
 /// NetworkPolicies and habits carry over; the API server dials whatever the Node says).
@@ -139,6 +145,9 @@ pub struct KubeletServer {
     client_ca: bool,
     handlers: RwLock<Vec<(String, HandlerSource)>>,
     authorizer: Option<kube::Client>,
+    /// The last CPU reading of each instance, `(time, cpu)` in nanoseconds, for the CPU
+    /// rate (`usageNanoCores`) of the next summary.
+    cpu_samples: std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>,
 }
 
 /// Who is calling: the subject of the verified client certificate (common name is the
@@ -259,6 +268,7 @@ impl KubeletServer {
             client_ca: client_ca.is_some(),
             handlers: RwLock::default(),
             authorizer: None,
+            cpu_samples: std::sync::Mutex::default(),
         })
     }
 
@@ -425,15 +435,28 @@ impl KubeletServer {
             (["exec", ns, pod, rest @ ..], &Method::GET | &Method::POST)
                 if matches!(rest.len(), 1 | 2) =>
             {
-                self.exec(req, ns, pod, &pairs, cancel)
+                self.exec(req, ns, pod, &pairs, cancel, Session::Exec)
             }
+            (["attach", ns, pod, rest @ ..], &Method::GET | &Method::POST)
+                if matches!(rest.len(), 1 | 2) =>
+            {
+                self.exec(req, ns, pod, &pairs, cancel, Session::Attach)
+            }
+            (["stats", "summary"], &Method::GET) => self.stats_summary().await,
+            (["metrics", "resource"], &Method::GET) => self.metrics_resource().await,
             (["portForward", ns, pod], &Method::GET | &Method::POST) => {
                 self.port_forward(req, ns, pod, &pairs, cancel)
             }
-            ([what @ ("attach" | "portForward" | "stats" | "metrics"), ..], _) => text(
+            (
+                [
+                    "stats" | "metrics" | "run" | "spec" | "checkpoint" | "configz",
+                    ..,
+                ],
+                _,
+            ) => text(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "/{what} is not built in this kubelet API (nebula-manager serves containerLogs and exec)\n"
+                    "{path} is not built in this kubelet API (nebula-manager serves /stats/summary and /metrics/resource)\n"
                 ),
             ),
             _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
@@ -545,26 +568,12 @@ impl KubeletServer {
         _container: &str,
         pairs: &[(String, String)],
     ) -> Response<Body> {
-        let number = |key: &str| -> Result<Option<u64>, Refusal> {
-            match value(pairs, key) {
-                None => Ok(None),
-                Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
-                    (
-                        StatusCode::BAD_REQUEST,
-                        format!("query parameter {key}={v:?} must be a non-negative integer\n"),
-                    )
-                }),
-            }
-        };
-        let (tail_lines, limit_bytes, _since) = match (
-            number("tailLines"),
-            number("limitBytes"),
-            number("sinceSeconds"),
-        ) {
-            (Ok(t), Ok(l), Ok(s)) => (t, l, s),
-            (Err((code, msg)), _, _) | (_, Err((code, msg)), _) | (_, _, Err((code, msg))) => {
-                return text(code, msg);
-            }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX));
+        let opts = match log_options(pairs, now) {
+            Ok(o) => o,
+            Err((code, msg)) => return text(code, msg),
         };
         let (node, provider, id) = match self.resolve(ns, pod) {
             Ok(r) => r,
@@ -587,11 +596,6 @@ impl KubeletServer {
                 ),
             );
         }
-        let opts = LogOptions {
-            follow: flag(pairs, "follow"),
-            tail_lines,
-            limit_bytes,
-        };
         let stream = match streamer.logs(&id, &opts).await {
             Ok(s) => s,
             Err(crate::ProviderError::NotFound(_)) => {
@@ -610,13 +614,12 @@ impl KubeletServer {
                 );
             }
         };
-        let body = if flag(pairs, "timestamps") {
-            stamped(stream)
-        } else {
-            let s = tokio_util::io::ReaderStream::new(stream).map(|r| r.map(Frame::data));
-            StreamBody::new(s).boxed_unsync()
-        };
-        respond(StatusCode::OK, "text/plain", body)
+        let s = tokio_util::io::ReaderStream::new(stream).map(|r| r.map(Frame::data));
+        respond(
+            StatusCode::OK,
+            "text/plain",
+            StreamBody::new(s).boxed_unsync(),
+        )
     }
 
     fn exec(
@@ -626,6 +629,7 @@ impl KubeletServer {
         pod: &str,
         pairs: &[(String, String)],
         cancel: CancellationToken,
+        kind: Session,
     ) -> Response<Body> {
         let streams = Streams {
             stdin: flag(pairs, "input") || flag(pairs, "stdin"),
@@ -644,7 +648,7 @@ impl KubeletServer {
             .filter(|(k, _)| k == "command")
             .map(|(_, v)| v.clone())
             .collect();
-        if command.is_empty() {
+        if kind == Session::Exec && command.is_empty() {
             return text(
                 StatusCode::BAD_REQUEST,
                 "query parameter command is required\n",
@@ -654,12 +658,17 @@ impl KubeletServer {
             Ok(r) => r,
             Err((code, msg)) => return text(code, msg),
         };
-        if provider.executor().is_none() {
+        let missing = match kind {
+            Session::Exec => provider.executor().is_none(),
+            Session::Attach => provider.attacher().is_none(),
+        };
+        if missing {
             return text(
                 StatusCode::NOT_FOUND,
                 format!(
-                    "provider {} of node {node} does not support exec\n",
-                    provider.name()
+                    "provider {} of node {node} does not support {}\n",
+                    provider.name(),
+                    kind.as_str()
                 ),
             );
         }
@@ -675,13 +684,13 @@ impl KubeletServer {
         let transport = accepted.transport;
         let protocol = accepted.protocol.clone();
         let pod_key = format!("{ns}/{pod}");
-        debug!(pod = %pod_key, transport = transport.as_str(), %protocol, "exec session");
+        debug!(pod = %pod_key, transport = transport.as_str(), %protocol, kind = kind.as_str(), "streaming session");
         tokio::spawn(async move {
             let session = async {
                 let io = TokioIo::new(on_upgrade.await.map_err(|e| e.to_string())?);
                 let cmd = command.clone();
                 kubestream::exec::serve(io, transport, &protocol, streams, &command, |pio| {
-                    run_exec(provider, id, cmd, pio)
+                    run_session(kind, provider, id, cmd, pio)
                 })
                 .await
                 .map_err(|e| crate::chain(&e))
@@ -699,18 +708,31 @@ impl KubeletServer {
     }
 }
 
-async fn run_exec(
+/// What a streaming session runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Session {
+    /// A new command (`/exec`).
+    Exec,
+    /// The instance's own process (`/attach`).
+    Attach,
+}
+
+impl Session {
+    fn as_str(self) -> &'static str {
+        match self {
+            Session::Exec => "exec",
+            Session::Attach => "attach",
+        }
+    }
+}
+
+async fn run_session(
+    kind: Session,
     provider: Arc<dyn Provider>,
     id: String,
     command: Vec<String>,
     pio: ProcessIo,
 ) -> Outcome {
-    let Some(executor) = provider.executor() else {
-        return Outcome::Failed(format!(
-            "provider {} does not support exec",
-            provider.name()
-        ));
-    };
     let (resize_tx, resize_rx) = tokio::sync::mpsc::channel(8);
     let mut sizes = pio.resize;
     if pio.tty {
@@ -729,57 +751,22 @@ async fn run_exec(
         tty: pio.tty,
         resize: pio.tty.then_some(resize_rx),
     };
-    match executor.exec(&id, command, io).await {
+    let result = match kind {
+        Session::Exec => match provider.executor() {
+            Some(executor) => executor.exec(&id, command, io).await,
+            None => Err(crate::ProviderError::Unsupported("exec")),
+        },
+        // An attach that ends (the process's output ended, or the client's did) is a
+        // success, as the kubelet reports it: the process's exit code is not the client's.
+        Session::Attach => match provider.attacher() {
+            Some(attacher) => attacher.attach(&id, io).await.map(|()| 0),
+            None => Err(crate::ProviderError::Unsupported("attach")),
+        },
+    };
+    match result {
         Ok(code) => Outcome::Exited(code),
         Err(e) => Outcome::Failed(crate::chain(&e)),
     }
-}
-
-/// Each line prefixed with the time it is served (RFC 3339, nanoseconds), as
-/// `timestamps=true` asks.
-fn stamped(stream: ByteStream) -> Body {
-    let reader = tokio::io::BufReader::new(stream);
-    let s = futures::stream::unfold(reader, |mut reader| async move {
-        let mut line = Vec::new();
-        match reader.read_until(b'\n', &mut line).await {
-            Ok(0) => None,
-            Ok(_) => {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default();
-                let mut out = rfc3339_nanos(now).into_bytes();
-                out.push(b' ');
-                out.extend_from_slice(&line);
-                Some((Ok(Frame::data(Bytes::from(out))), reader))
-            }
-            Err(e) => Some((Err(e), reader)),
-        }
-    });
-    StreamBody::new(s).boxed_unsync()
-}
-
-/// `YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ` of a time since the epoch.
-fn rfc3339_nanos(since_epoch: Duration) -> String {
-    let secs = since_epoch.as_secs();
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:09}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since_epoch.subsec_nanos()
-    )
 }
 
 impl KubeletServer {
@@ -878,6 +865,295 @@ impl KubeletServer {
     }
 }
 
+/// One pod's figures, as the stats routes report them.
+struct PodStats {
+    namespace: String,
+    pod: String,
+    stats: InstanceStats,
+    /// CPU rate since the previous reading, nanocores (none on the first).
+    nano_cores: Option<u64>,
+}
+
+impl KubeletServer {
+    /// The stats of every pod whose provider reports them; the nodes that have a stats
+    /// capability; whether any reading failed. `None` when no provider has one.
+    async fn collect_stats(&self) -> Option<(Vec<PodStats>, Vec<String>, bool)> {
+        let mut pods = Vec::new();
+        let mut nodes = Vec::new();
+        let mut failed = false;
+        let mut seen = std::collections::HashSet::new();
+        for (node, handler) in self.handlers() {
+            let provider = handler.provider().clone();
+            let Some(source) = provider.stats() else {
+                continue;
+            };
+            nodes.push(node.clone());
+            for (ns, name) in handler.pod_names() {
+                let PodInstance::Instance(id) = handler.pod_instance(&ns, &name) else {
+                    continue;
+                };
+                match source.stats(&id).await {
+                    Ok(stats) => {
+                        seen.insert(id.clone());
+                        let nano_cores = {
+                            let mut samples =
+                                self.cpu_samples.lock().unwrap_or_else(|p| p.into_inner());
+                            let now = (stats.timestamp_unix_nanos, stats.cpu_nanos);
+                            let rate = samples.get(&id).and_then(|&(t0, c0)| {
+                                let dt = now.0.checked_sub(t0).filter(|d| *d > 0)?;
+                                let dc = now.1.checked_sub(c0)?;
+                                u64::try_from(u128::from(dc) * 1_000_000_000 / u128::from(dt)).ok()
+                            });
+                            samples.insert(id.clone(), now);
+                            rate
+                        };
+                        pods.push(PodStats {
+                            namespace: ns,
+                            pod: name,
+                            stats,
+                            nano_cores,
+                        });
+                    }
+                    Err(crate::ProviderError::NotFound(_)) => {}
+                    Err(e) => {
+                        failed = true;
+                        debug!(pod = %format!("{ns}/{name}"), error = %crate::chain(&e), "reading pod stats");
+                    }
+                }
+            }
+        }
+        self.cpu_samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| seen.contains(id));
+        (!nodes.is_empty()).then_some((pods, nodes, failed))
+    }
+
+    /// `/stats/summary`: the kubelet's `stats/v1alpha1` Summary. A virtual node has no
+    /// machine of its own: its figures are the sums of its pods'. All virtual nodes share
+    /// this listener and a request does not say which node it is for, so `node` names the
+    /// first node with stats and `pods` holds every node's pods.
+    async fn stats_summary(&self) -> Response<Body> {
+        let Some((pods, nodes, _)) = self.collect_stats().await else {
+            return text(
+                StatusCode::NOT_FOUND,
+                "no provider of this manager reports stats\n",
+            );
+        };
+        let now = now_nanos();
+        let cpu = |t: u64, total: u64, rate: Option<u64>| {
+            let mut v =
+                serde_json::json!({"time": rfc3339_seconds(t), "usageCoreNanoSeconds": total});
+            if let Some(r) = rate {
+                v["usageNanoCores"] = r.into();
+            }
+            v
+        };
+        let memory = |t: u64, ws: u64, rss: u64| serde_json::json!({"time": rfc3339_seconds(t), "usageBytes": rss, "workingSetBytes": ws, "rssBytes": rss});
+        let node_name = nodes.first().cloned().unwrap_or_default();
+        let (mut cpu_total, mut ws_total, mut rss_total) = (0u64, 0u64, 0u64);
+        let mut rate_total = Some(0u64);
+        let mut items = Vec::new();
+        for p in &pods {
+            let st = &p.stats;
+            cpu_total = cpu_total.saturating_add(st.cpu_nanos);
+            ws_total = ws_total.saturating_add(st.working_set_bytes);
+            rss_total = rss_total.saturating_add(st.memory_bytes);
+            rate_total = rate_total
+                .zip(p.nano_cores)
+                .map(|(a, b)| a.saturating_add(b));
+            let t = st.timestamp_unix_nanos;
+            let start = st
+                .start_time_unix
+                .map(|s| rfc3339_seconds(s.saturating_mul(1_000_000_000)));
+            let container = st.container.clone().unwrap_or_else(|| p.pod.clone());
+            let mut c = serde_json::json!({
+                "name": container,
+                "cpu": cpu(t, st.cpu_nanos, p.nano_cores),
+                "memory": memory(t, st.working_set_bytes, st.memory_bytes),
+            });
+            let mut item = serde_json::json!({
+                "podRef": {"name": p.pod, "namespace": p.namespace, "uid": st.pod_uid.clone().unwrap_or_default()},
+                "cpu": cpu(t, st.cpu_nanos, p.nano_cores),
+                "memory": memory(t, st.working_set_bytes, st.memory_bytes),
+            });
+            if let Some(start) = start {
+                c["startTime"] = start.clone().into();
+                item["startTime"] = start.into();
+            }
+            item["containers"] = serde_json::json!([c]);
+            items.push(item);
+        }
+        let summary = serde_json::json!({
+            "node": {
+                "nodeName": node_name,
+                "cpu": cpu(now, cpu_total, rate_total.filter(|_| !pods.is_empty())),
+                "memory": memory(now, ws_total, rss_total),
+            },
+            "pods": items,
+        });
+        respond(
+            StatusCode::OK,
+            "application/json",
+            full(summary.to_string()),
+        )
+    }
+
+    /// `/metrics/resource`: the kubelet's resource metrics in Prometheus text, what
+    /// metrics-server scrapes.
+    async fn metrics_resource(&self) -> Response<Body> {
+        let Some((pods, _, failed)) = self.collect_stats().await else {
+            return text(
+                StatusCode::NOT_FOUND,
+                "no provider of this manager reports stats\n",
+            );
+        };
+        respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            full(resource_metrics(&pods, failed, now_nanos())),
+        )
+    }
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// `metav1.Time` text: RFC 3339 to the second, UTC.
+fn rfc3339_seconds(nanos: u64) -> String {
+    let full = crate::providers::rfc3339_nanos(nanos - nanos % 1_000_000_000);
+    format!("{}Z", &full[..19])
+}
+
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn seconds(nanos: u64) -> String {
+    format!("{}.{:09}", nanos / 1_000_000_000, nanos % 1_000_000_000)
+}
+
+/// The Prometheus text of `/metrics/resource` (the kubelet's metric names and labels).
+fn resource_metrics(pods: &[PodStats], failed: bool, now: u64) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let mut family = |name: &str,
+                      kind: &str,
+                      help: &str,
+                      rows: &mut dyn Iterator<Item = (String, String, u64)>| {
+        let _ = writeln!(out, "# HELP {name} [STABLE] {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value, t) in rows {
+            let _ = writeln!(out, "{name}{labels} {value} {}", t / 1_000_000);
+        }
+    };
+    let cl = |p: &PodStats| {
+        format!(
+            "{{container=\"{}\",namespace=\"{}\",pod=\"{}\"}}",
+            label(p.stats.container.as_deref().unwrap_or(&p.pod)),
+            label(&p.namespace),
+            label(&p.pod)
+        )
+    };
+    let pl = |p: &PodStats| {
+        format!(
+            "{{namespace=\"{}\",pod=\"{}\"}}",
+            label(&p.namespace),
+            label(&p.pod)
+        )
+    };
+    family(
+        "container_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the container in core-seconds",
+        &mut pods.iter().map(|p| {
+            (
+                cl(p),
+                seconds(p.stats.cpu_nanos),
+                p.stats.timestamp_unix_nanos,
+            )
+        }),
+    );
+    family(
+        "container_memory_working_set_bytes",
+        "gauge",
+        "Current working set of the container in bytes",
+        &mut pods.iter().map(|p| {
+            (
+                cl(p),
+                p.stats.working_set_bytes.to_string(),
+                p.stats.timestamp_unix_nanos,
+            )
+        }),
+    );
+    family(
+        "container_start_time_seconds",
+        "gauge",
+        "Start time of the container since unix epoch in seconds",
+        &mut pods.iter().filter_map(|p| {
+            p.stats
+                .start_time_unix
+                .map(|s| (cl(p), s.to_string(), p.stats.timestamp_unix_nanos))
+        }),
+    );
+    let node_cpu: u64 = pods
+        .iter()
+        .map(|p| p.stats.cpu_nanos)
+        .fold(0, u64::saturating_add);
+    let node_ws: u64 = pods
+        .iter()
+        .map(|p| p.stats.working_set_bytes)
+        .fold(0, u64::saturating_add);
+    family(
+        "node_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the node in core-seconds",
+        &mut std::iter::once((String::new(), seconds(node_cpu), now)),
+    );
+    family(
+        "node_memory_working_set_bytes",
+        "gauge",
+        "Current working set of the node in bytes",
+        &mut std::iter::once((String::new(), node_ws.to_string(), now)),
+    );
+    family(
+        "pod_cpu_usage_seconds_total",
+        "counter",
+        "Cumulative cpu time consumed by the pod in core-seconds",
+        &mut pods.iter().map(|p| {
+            (
+                pl(p),
+                seconds(p.stats.cpu_nanos),
+                p.stats.timestamp_unix_nanos,
+            )
+        }),
+    );
+    family(
+        "pod_memory_working_set_bytes",
+        "gauge",
+        "Current working set of the pod in bytes",
+        &mut pods.iter().map(|p| {
+            (
+                pl(p),
+                p.stats.working_set_bytes.to_string(),
+                p.stats.timestamp_unix_nanos,
+            )
+        }),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container metrics, 0 otherwise"
+    );
+    let _ = writeln!(out, "# TYPE resource_scrape_error gauge");
+    let _ = writeln!(out, "resource_scrape_error {}", u8::from(failed));
+    out
+}
+
 /// A refusal: the status and the text to answer with.
 type Refusal = (StatusCode, String);
 
@@ -911,6 +1187,83 @@ fn flag(pairs: &[(String, String)], key: &str) -> bool {
         .iter()
         .find(|(k, _)| k == key)
         .is_some_and(|(_, v)| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+/// The options of a `containerLogs` request, checked as the kubelet checks
+/// `PodLogOptions`: a value that does not decode is a 400, one that decodes but is out of
+/// range (negative `tailLines`, `limitBytes` or `sinceSeconds` below 1, both `sinceSeconds`
+/// and `sinceTime`) a 422. `tail` is the old name of `tailLines` (`all` means every line).
+/// `now` (nanoseconds since the epoch) anchors `sinceSeconds`.
+fn log_options(pairs: &[(String, String)], now: i128) -> Result<LogOptions, Refusal> {
+    let bad = |key: &str, v: &str, what: &str| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("Unable to decode query: {key}={v:?} {what}\n"),
+        )
+    };
+    let invalid = |msg: String| {
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("Invalid request: {msg}\n"),
+        )
+    };
+    let int = |key: &str| -> Result<Option<i64>, Refusal> {
+        match value(pairs, key) {
+            None => Ok(None),
+            Some(v) => v
+                .parse::<i64>()
+                .map(Some)
+                .map_err(|_| bad(key, v, "is not an integer")),
+        }
+    };
+    let tail = match value(pairs, "tail") {
+        Some("all") => None,
+        Some(v) => Some(
+            v.parse::<i64>()
+                .map_err(|_| bad("tail", v, "is not an integer"))?,
+        ),
+        None => int("tailLines")?,
+    };
+    let limit = int("limitBytes")?;
+    let since_seconds = int("sinceSeconds")?;
+    let since_time = match value(pairs, "sinceTime") {
+        None => None,
+        Some(v) => {
+            let t = chrono::DateTime::parse_from_rfc3339(v)
+                .map_err(|_| bad("sinceTime", v, "is not an RFC 3339 time"))?;
+            Some(i128::from(t.timestamp()) * 1_000_000_000 + i128::from(t.timestamp_subsec_nanos()))
+        }
+    };
+    if let Some(t) = tail
+        && t < 0
+    {
+        return Err(invalid(format!(
+            "tailLines {t} must be greater than or equal to 0"
+        )));
+    }
+    if let Some(l) = limit
+        && l < 1
+    {
+        return Err(invalid(format!("limitBytes {l} must be greater than 0")));
+    }
+    if let Some(s) = since_seconds
+        && s < 1
+    {
+        return Err(invalid(format!("sinceSeconds {s} must be greater than 0")));
+    }
+    if since_seconds.is_some() && since_time.is_some() {
+        return Err(invalid(
+            "at most one of sinceTime or sinceSeconds may be specified".into(),
+        ));
+    }
+    let since = since_time.or_else(|| since_seconds.map(|s| now - i128::from(s) * 1_000_000_000));
+    Ok(LogOptions {
+        follow: flag(pairs, "follow"),
+        tail_lines: tail.and_then(|t| u64::try_from(t).ok()),
+        limit_bytes: limit.and_then(|l| u64::try_from(l).ok()),
+        since_unix_nanos: since,
+        timestamps: flag(pairs, "timestamps"),
+    })
 }
 
 fn value<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
@@ -970,10 +1323,38 @@ mod tests {
     }
 
     #[test]
-    fn timestamps_are_rfc3339() {
-        assert_eq!(
-            rfc3339_nanos(Duration::new(1_700_000_000, 5)),
-            "2023-11-14T22:13:20.000000005Z"
-        );
+    fn log_options_are_checked_as_the_kubelet_does() {
+        let q = |s: &str| -> Vec<(String, String)> {
+            form_urlencoded::parse(s.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect()
+        };
+        let now = 1_000_000_000_000_000_000i128;
+        let ok = log_options(
+            &q("tailLines=3&limitBytes=10&sinceSeconds=5&timestamps=true&follow=1"),
+            now,
+        )
+        .unwrap();
+        assert_eq!(ok.tail_lines, Some(3));
+        assert_eq!(ok.limit_bytes, Some(10));
+        assert_eq!(ok.since_unix_nanos, Some(now - 5_000_000_000));
+        assert!(ok.timestamps && ok.follow);
+        let t = log_options(&q("sinceTime=2023-11-14T22:13:20Z"), now).unwrap();
+        assert_eq!(t.since_unix_nanos, Some(1_700_000_000_000_000_000));
+        assert_eq!(log_options(&q("tail=all"), now).unwrap().tail_lines, None);
+        assert_eq!(log_options(&q("tail=2"), now).unwrap().tail_lines, Some(2));
+        for (bad, code) in [
+            ("tailLines=x", StatusCode::BAD_REQUEST),
+            ("sinceTime=yesterday", StatusCode::BAD_REQUEST),
+            ("tailLines=-1", StatusCode::UNPROCESSABLE_ENTITY),
+            ("limitBytes=0", StatusCode::UNPROCESSABLE_ENTITY),
+            ("sinceSeconds=0", StatusCode::UNPROCESSABLE_ENTITY),
+            (
+                "sinceSeconds=5&sinceTime=2023-11-14T22:13:20Z",
+                StatusCode::UNPROCESSABLE_ENTITY,
+            ),
+        ] {
+            assert_eq!(log_options(&q(bad), now).unwrap_err().0, code, "{bad}");
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! Main pieces:
 //! - [`Provider`] (provision / terminate / list / status / health) and the optional
 //!   capabilities the kubelet API asks for separately: [`LogStreamer`], [`Executor`],
-//!   [`PortForwarder`], [`StatsSource`].
+//!   [`Attacher`], [`PortForwarder`], [`StatsSource`].
 //! - [`claim_name`]: an instance's identity derived from its pod's namespace, name and UID,
 //!   so a restarted manager finds its instances again instead of leaking or doubling them,
 //!   and a pod re-created under the same name is another claim.
@@ -28,7 +28,8 @@
 //!   here issues credentials yet, so nothing writes one).
 //!
 //! - [`kubelet`]: the kubelet API of the virtual nodes ([`KubeletServer`]): container
-//!   logs and exec over SPDY and WebSocket for every provider's pods, on one TLS listener.
+//!   logs, exec, attach and port-forward over SPDY and WebSocket, stats summary and
+//!   resource metrics, for every provider's pods, on one TLS listener.
 
 #![cfg_attr(
     not(test),
@@ -52,8 +53,10 @@ pub mod status;
 
 /// The providers shipped with the crate.
 pub mod providers {
+    mod capture;
     pub mod memory;
     pub mod process;
+    pub(crate) use capture::rfc3339_nanos;
 }
 
 pub use blocklist::Blocklist;
@@ -66,7 +69,7 @@ pub use handler::{DeleteError, Found, Handler, LookupError, PodInstance};
 pub use kubelet::KubeletServer;
 pub use metrics::Metrics;
 pub use provider::{
-    BlockScope, ByteSink, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance,
+    Attacher, BlockScope, ByteSink, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance,
     InstanceState, InstanceStats, LogOptions, LogStreamer, PortForwarder, Provider, ProviderError,
     ProvisionRequest, StatsSource,
 };

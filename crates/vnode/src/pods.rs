@@ -212,6 +212,9 @@ fn prune(pod: &mut Pod) {
                     args: c.args,
                     env: c.env,
                     working_dir: c.working_dir,
+                    // The provider keeps a stdin open / runs a terminal for these.
+                    stdin: c.stdin,
+                    tty: c.tty,
                     ..Default::default()
                 });
         *spec = k8s_openapi::api::core::v1::PodSpec {

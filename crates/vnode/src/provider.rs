@@ -58,6 +58,15 @@ pub struct ProvisionRequest {
     pub working_dir: Option<String>,
     /// The capacity type placement chose, if any.
     pub capacity_type: Option<String>,
+    /// The first container's `stdin`: keep a standard input open that `kubectl attach -i`
+    /// can write to (otherwise the process reads end of file).
+    pub stdin: bool,
+    /// The first container's `tty`: run the process on a terminal.
+    pub tty: bool,
+    /// The first container's name (reported in stats).
+    pub container: String,
+    /// The pod's UID (reported in stats).
+    pub pod_uid: String,
 }
 
 /// Where an instance is in its life, as the provider sees it.
@@ -185,6 +194,10 @@ pub trait Provider: Send + Sync + 'static {
     fn stats(&self) -> Option<&dyn StatsSource> {
         None
     }
+    /// Attach to the instance's own process, if offered.
+    fn attacher(&self) -> Option<&dyn Attacher> {
+        None
+    }
 }
 
 /// A byte stream read by the kubelet API.
@@ -203,8 +216,13 @@ pub struct LogOptions {
     pub follow: bool,
     /// Only the last N lines.
     pub tail_lines: Option<u64>,
-    /// Stop after this many bytes.
+    /// Stop after this many bytes (timestamps included, as the kubelet counts them).
     pub limit_bytes: Option<u64>,
+    /// Only lines written at or after this time, nanoseconds since the Unix epoch
+    /// (`sinceSeconds` / `sinceTime`).
+    pub since_unix_nanos: Option<i128>,
+    /// Prefix each line with the time it was written (RFC 3339, nanoseconds).
+    pub timestamps: bool,
 }
 
 /// Optional capability: the instance's console output.
@@ -284,10 +302,21 @@ pub trait PortForwarder: Send + Sync {
 /// Resource usage of one instance.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InstanceStats {
-    /// CPU time used, nanoseconds.
+    /// CPU time used since the instance started, nanoseconds (all its processes).
     pub cpu_nanos: u64,
-    /// Resident memory, bytes.
+    /// Resident memory, bytes (all its processes).
     pub memory_bytes: u64,
+    /// Working-set memory, bytes: what the kubelet reports as `workingSetBytes` (for a
+    /// process group without a cgroup of its own, its resident memory).
+    pub working_set_bytes: u64,
+    /// When the instance started, seconds since the Unix epoch, if known.
+    pub start_time_unix: Option<u64>,
+    /// When these figures were read, nanoseconds since the Unix epoch.
+    pub timestamp_unix_nanos: u64,
+    /// The container the instance runs, if the provider recorded it.
+    pub container: Option<String>,
+    /// The UID of the pod, if the provider recorded it.
+    pub pod_uid: Option<String>,
 }
 
 /// Optional capability: per-instance statistics (the kubelet's stats summary).
@@ -297,4 +326,18 @@ pub trait StatsSource: Send + Sync {
         &'a self,
         instance_id: &'a str,
     ) -> BoxFuture<'a, Result<InstanceStats, ProviderError>>;
+}
+
+/// Optional capability: attach to the instance's own process (`kubectl attach`): its
+/// live standard output and error from now on, and its standard input.
+pub trait Attacher: Send + Sync {
+    /// Pumps `io` against the instance's process until its output ends (the process
+    /// exited) or the client's output streams close. A client stdin is written to the
+    /// process's standard input (dropped when the instance keeps none open, as a
+    /// container runtime does for a container without `stdin: true`).
+    fn attach<'a>(
+        &'a self,
+        instance_id: &'a str,
+        io: ExecIo,
+    ) -> BoxFuture<'a, Result<(), ProviderError>>;
 }

@@ -12,7 +12,7 @@ use kube::api::PostParams;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::crash::{running, start_with};
+use crate::crash::{running, start_with, wait_for};
 
 /// The versioned kubectl binaries ship beside gcloud on these machines.
 fn kubectl_bin(version: &str) -> PathBuf {
@@ -316,8 +316,9 @@ async fn kubectl_port_forward_reaches_a_port_the_pods_process_listens_on() {
         pf.kill().await.unwrap();
     }
 
-    // The Python client's exec (WebSocket v4). Its port-forward (WebSocket channels) is
-    // not asserted: through this server it hung in 2 of 3 runs, cause not established.
+    // The Python client's exec (WebSocket v4) and port-forward (WebSocket channels,
+    // `v4.channel.k8s.io`): it reads the forwarded connection until the server closes the
+    // session, which the server does when the pod's side of the connection ends.
     let python = Path::new("/usr/bin/python3");
     assert!(
         python.is_file(),
@@ -357,6 +358,53 @@ sys.stdout.write(out)
         out.status.success(),
         "python client failed ({:?}): {stderr}; it wrote {:?}",
         out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "served by the pod\n");
+
+    let script = r#"
+import sys
+from kubernetes import client, config
+from kubernetes.stream import portforward
+config.load_kube_config(config_file=sys.argv[1])
+api = client.CoreV1Api()
+port = int(sys.argv[2])
+pf = portforward(api.connect_get_namespaced_pod_portforward, "srv", "default", ports=str(port))
+s = pf.socket(port)
+s.setblocking(True)
+s.sendall(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")
+data = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+s.close()
+error = pf.error(port)
+if error:
+    sys.exit("port-forward error: " + error)
+sys.stdout.write(data.decode().split("\r\n\r\n", 1)[1])
+"#;
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("timeout")
+            .arg("50")
+            .arg(python)
+            .arg("-u")
+            .arg("-c")
+            .arg(script)
+            .arg(&kc)
+            .arg(pod_port.to_string())
+            .output(),
+    )
+    .await
+    .expect("the python client's port-forward did not finish within 60 s")
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "python port-forward failed ({:?}, 124 is the 50 s timeout): {}; it wrote {:?}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "served by the pod\n");
@@ -413,5 +461,266 @@ async fn a_hundred_concurrent_exec_sessions_complete() {
     for (i, out, status) in all {
         assert_eq!(out, format!("session-{i}\n"));
         assert_eq!(status.as_deref(), Some("Success"), "session {i}");
+    }
+}
+
+/// A pod on the process provider from its first container's fields.
+fn process_pod(name: &str, container: serde_json::Value) -> Pod {
+    let mut c = json!({"name": "main", "image": "none"});
+    for (k, v) in container.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": "nebula-process",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [c],
+        },
+    }))
+    .unwrap()
+}
+
+/// Runs `line` (a shell command line) on a terminal of 33 rows and 111 columns made by
+/// `script`, typing each of `typed` once the output shows its trigger, and typing the
+/// previous text again every second until it does (the client's first terminal size may
+/// arrive after the first keys); the exit code and everything the terminal showed.
+async fn on_terminal(line: &str, typed: &[(&str, &str)]) -> (Option<i32>, String) {
+    let full = format!("stty rows 33 cols 111; {line}");
+    let mut child = tokio::process::Command::new("script")
+        .args(["-qec", &full, "/dev/null"])
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("running script (util-linux) to give kubectl a terminal");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut again: Option<&str> = None;
+    for (trigger, text) in typed {
+        let found = tokio::time::timeout(Duration::from_secs(30), async {
+            while !String::from_utf8_lossy(&seen).contains(trigger) {
+                let mut chunk = [0u8; 4096];
+                let read = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    tokio::io::AsyncReadExt::read(&mut stdout, &mut chunk),
+                )
+                .await;
+                match read {
+                    Ok(n) => {
+                        let n = n.unwrap();
+                        if n == 0 {
+                            return false;
+                        }
+                        seen.extend_from_slice(&chunk[..n]);
+                    }
+                    Err(_) => {
+                        if let Some(t) = again {
+                            stdin.write_all(t.as_bytes()).await.unwrap();
+                        }
+                    }
+                }
+            }
+            true
+        })
+        .await;
+        again = Some(text);
+        assert!(
+            found == Ok(true),
+            "{line}: no {trigger:?} on the terminal: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        stdin.write_all(text.as_bytes()).await.unwrap();
+    }
+    let rest = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut rest = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut stdout, &mut rest)
+            .await
+            .unwrap();
+        rest
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{line} did not finish within 60 s"));
+    seen.extend_from_slice(&rest);
+    let status = child.wait().await.unwrap();
+    (status.code(), String::from_utf8_lossy(&seen).into_owned())
+}
+
+#[tokio::test]
+async fn kubectl_attach_log_options_and_node_stats_reach_the_process_provider() {
+    let k132 = kubectl_bin("1.32");
+    let k127 = kubectl_bin("1.27");
+    let server = testkube::ApiServer::start().await.unwrap();
+    let kc = server.kubeconfig_path().to_path_buf();
+    let state = tempfile::tempdir().unwrap();
+    let _manager = start_with(&kc, state.path(), None, &[]).unwrap();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let chat = r#"echo ready; while read l; do echo "got $l"; echo "err $l" >&2; [ "$l" = bye ] && exit 0; done"#;
+    let sized = r#"while read l; do echo "size $(stty size)"; [ "$l" = bye ] && exit 0; done"#;
+    let timed = "echo early; sleep 2; echo late; exec sleep 1000";
+    let versions = [("132", &k132), ("127", &k127)];
+    for (v, _) in versions {
+        for (name, script, tty) in [("chat", chat, false), ("tty", sized, true)] {
+            let pod = process_pod(
+                &format!("{name}-{v}"),
+                json!({"command": ["sh", "-c", script], "stdin": true, "tty": tty}),
+            );
+            pods.create(&PostParams::default(), &pod).await.unwrap();
+        }
+    }
+    let timed_pod = process_pod("timed", json!({"command": ["sh", "-c", timed]}));
+    pods.create(&PostParams::default(), &timed_pod)
+        .await
+        .unwrap();
+    for (v, _) in versions {
+        running(&pods, &format!("chat-{v}")).await.unwrap();
+        running(&pods, &format!("tty-{v}")).await.unwrap();
+    }
+    running(&pods, "timed").await.unwrap();
+
+    for (v, bin) in versions {
+        // attach -i: what kubectl reads goes to the running process's stdin; its stdout
+        // and stderr come back apart; the attach ends, exit 0, when the process exits.
+        let pod = format!("chat-{v}");
+        let out = run(bin, &kc, &["attach", "-i", &pod], Some(b"hello\nbye\n")).await;
+        assert_eq!(
+            out.code, 0,
+            "kubectl {v} attach -i: {}{}",
+            out.stdout, out.stderr
+        );
+        assert_eq!(
+            out.stdout, "got hello\ngot bye\n",
+            "kubectl {v}: {}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains("err hello\nerr bye\n"),
+            "kubectl {v}: {}",
+            out.stderr
+        );
+        // What the process wrote before the attach is in its log, not the attach.
+        let logs = run(bin, &kc, &["logs", &pod], None).await;
+        assert!(logs.stdout.starts_with("ready\n"), "{}", logs.stdout);
+
+        // attach -it to a pod with a terminal: the client's size reaches it.
+        let line = format!(
+            "{} --kubeconfig {} attach -it tty-{v}",
+            bin.display(),
+            kc.display()
+        );
+        let (code, text) = on_terminal(
+            &line,
+            &[("try pressing enter", "x\r"), ("size 33 111", "bye\r")],
+        )
+        .await;
+        assert_eq!(code, Some(0), "kubectl {v} attach -it: {text:?}");
+        assert!(
+            text.contains("size 33 111"),
+            "kubectl {v} attach -it: {text:?}"
+        );
+    }
+
+    // Log options as the kubelet serves them, through kubectl 1.32.
+    let lines = wait_for("the timed pod's second line", || async {
+        let out = run(&k132, &kc, &["logs", "timed", "--timestamps"], None).await;
+        Ok((out.stdout.lines().count() == 2).then_some(out.stdout))
+    })
+    .await
+    .unwrap();
+    let stamps: Vec<chrono::DateTime<chrono::FixedOffset>> = lines
+        .lines()
+        .map(|l| chrono::DateTime::parse_from_rfc3339(l.split(' ').next().unwrap()).unwrap())
+        .collect();
+    assert!(lines.lines().next().unwrap().ends_with(" early"), "{lines}");
+    assert!(
+        stamps[1] - stamps[0] >= chrono::TimeDelta::milliseconds(1900),
+        "the times are the writes', two seconds apart: {lines}"
+    );
+    // sinceTime has second precision: the second the late line was written in.
+    let since = stamps[1].format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let late = run(
+        &k132,
+        &kc,
+        &["logs", "timed", &format!("--since-time={since}")],
+        None,
+    )
+    .await;
+    assert_eq!(
+        late.stdout, "late\n",
+        "--since-time={since}: {}",
+        late.stderr
+    );
+    let hour = run(&k132, &kc, &["logs", "timed", "--since=1h"], None).await;
+    assert_eq!(hour.stdout, "early\nlate\n", "{}", hour.stderr);
+    let limited = run(&k132, &kc, &["logs", "timed", "--limit-bytes=8"], None).await;
+    assert_eq!(limited.stdout, "early\nla", "{}", limited.stderr);
+    let tail = run(&k132, &kc, &["logs", "timed", "--tail=1"], None).await;
+    assert_eq!(tail.stdout, "late\n", "{}", tail.stderr);
+    let previous = run(&k132, &kc, &["logs", "timed", "--previous"], None).await;
+    assert_ne!(previous.code, 0);
+    assert!(
+        previous.stderr.contains("previous terminated container"),
+        "{}",
+        previous.stderr
+    );
+
+    // Stats and resource metrics through the API server's node proxy.
+    let summary = run(
+        &k132,
+        &kc,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/nodes/nebula-process/proxy/stats/summary",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(summary.code, 0, "{}", summary.stderr);
+    let summary: serde_json::Value = serde_json::from_str(&summary.stdout).unwrap();
+    assert_eq!(summary["node"]["nodeName"], "nebula-process");
+    let timed_stats = summary["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["podRef"]["name"] == "timed")
+        .unwrap_or_else(|| panic!("no stats of pod timed: {summary}"));
+    assert_eq!(timed_stats["containers"][0]["name"], "main");
+    assert!(
+        timed_stats["memory"]["workingSetBytes"].as_u64().unwrap() > 0,
+        "{timed_stats}"
+    );
+    assert!(
+        timed_stats["cpu"]["usageCoreNanoSeconds"].is_u64(),
+        "{timed_stats}"
+    );
+    assert!(timed_stats["startTime"].is_string(), "{timed_stats}");
+    let metrics = run(
+        &k132,
+        &kc,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/nodes/nebula-process/proxy/metrics/resource",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(metrics.code, 0, "{}", metrics.stderr);
+    for want in [
+        "container_cpu_usage_seconds_total{container=\"main\",namespace=\"default\",pod=\"timed\"} ",
+        "container_memory_working_set_bytes{container=\"main\",namespace=\"default\",pod=\"timed\"} ",
+        "pod_cpu_usage_seconds_total{namespace=\"default\",pod=\"timed\"} ",
+        "resource_scrape_error 0",
+    ] {
+        assert!(
+            metrics.stdout.contains(want),
+            "no {want:?} in {}",
+            metrics.stdout
+        );
     }
 }

@@ -230,3 +230,67 @@ where
         _ = &mut up => down.await,
     }
 }
+
+/// Forwards `nodes/{name}/proxy/{path}` to the node's kubelet as kube-apiserver's node
+/// proxy does (`pkg/registry/core/node/rest/proxy.go`: the kubelet's location with the
+/// path appended, the query kept): the kubelet's status, content type and body come back
+/// as they are, streamed. The double serves only plain `GET`s here; any other method or
+/// an upgrade is refused with 405 naming what is missing.
+pub async fn forward_node(
+    cfg: &ProxyConfig,
+    node: &Value,
+    path: &str,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    if req.method() != http::Method::GET || is_upgrade_request(req.headers()) {
+        return failure(
+            405,
+            "MethodNotAllowed",
+            &format!(
+                "the API double proxies only plain GET requests to nodes/proxy, not {} {path}",
+                req.method()
+            ),
+            None,
+        );
+    }
+    let result = async {
+        let (host, port) = kubelet_target(node, &cfg.preferred_address_types)?;
+        let host_port = join_host_port(&host, port);
+        let path_and_query = match req.uri().query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_string(),
+        };
+        let url = format!("https://{host_port}{path_and_query}");
+        let backend = |e: String| ProxyError::Backend(format!("Get {url:?}: {e}"));
+        let stream = dial(cfg, &host, port, cfg.kubelet_ca.is_some())
+            .await
+            .map_err(backend)?;
+        let mut send = handshake(stream)
+            .await
+            .map_err(|e| backend(e.to_string()))?;
+        let mut out = Request::get(path_and_query.as_str())
+            .header(header::HOST, host_port.as_str())
+            .body(empty())
+            .map_err(|e| backend(e.to_string()))?;
+        for (name, value) in req.headers() {
+            if forwardable(name) {
+                out.headers_mut().append(name.clone(), value.clone());
+            }
+        }
+        let resp = send
+            .send_request(out)
+            .await
+            .map_err(|e| backend(e.to_string()))?;
+        let (parts, body) = resp.into_parts();
+        let body = body.map_err(|e| Box::new(e) as BoxError).boxed();
+        let mut answer = Response::new(body);
+        *answer.status_mut() = parts.status;
+        if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
+            answer
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, ct.clone());
+        }
+        Ok::<_, ProxyError>(answer)
+    };
+    result.await.unwrap_or_else(ProxyError::into_response)
+}

@@ -1,4 +1,5 @@
-//! Forwarding of `pods/log`, `pods/exec`, `pods/attach`, `pods/portforward` to the kubelet.
+//! Forwarding of `pods/log`, `pods/exec`, `pods/attach`, `pods/portforward` and
+//! `nodes/{name}/proxy/{path}` (plain GETs only: [`forward_node`]) to the kubelet.
 //!
 //! This follows kube-apiserver (`pkg/registry/core/pod/strategy.go` for the locations,
 //! `pkg/kubelet/client/kubelet_client.go` for the connection, the upgrade-aware proxy in
@@ -125,7 +126,7 @@ mod location;
 
 pub use dial::{is_loopback, loopback_target};
 pub use errors::ProxyError;
-pub use forward::{forward, is_upgrade_request};
+pub use forward::{forward, forward_node, is_upgrade_request};
 pub use location::{
     LogLocation, choose_container, exec_location, kubelet_target, log_location,
     port_forward_location,

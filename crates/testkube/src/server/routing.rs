@@ -64,6 +64,21 @@ fn route(path: &str) -> Route {
             legacy_watch,
         };
     }
+    // /api/v1/nodes/{name}/proxy/{path...}: the node proxy (the path is read again from
+    // the request when it is forwarded).
+    if let ["nodes", name, "proxy", ..] = rest
+        && group.is_empty()
+        && !legacy_watch
+        && let Some(res) = resources::find(group, version, "nodes")
+    {
+        return Route::Resource {
+            res,
+            ns: None,
+            name: Some(name.to_string()),
+            sub: Some("proxy".to_string()),
+            legacy_watch,
+        };
+    }
     match rest {
         [plural, tail @ ..] if tail.len() <= 2 => match resources::find(group, version, plural) {
             Some(res) if !res.namespaced || tail.is_empty() => Route::Resource {
@@ -236,12 +251,13 @@ pub(super) async fn handle(
             legacy_watch,
         } => {
             let watch = legacy_watch || query.get("watch").is_some_and(|w| crate::api::go_bool(w));
-            let connect = res.plural == "pods"
+            let connect = (res.plural == "pods"
                 && name.is_some()
                 && matches!(
                     sub.as_deref(),
                     Some("log" | "exec" | "attach" | "portforward")
-                );
+                ))
+                || (res.plural == "nodes" && name.is_some() && sub.as_deref() == Some("proxy"));
             // Streaming subresources take any method (kubectl exec POSTs, WebSocket clients
             // GET); kube-apiserver names POST "create" and GET "get" for them.
             let verb = if connect {
@@ -391,6 +407,24 @@ async fn resource_request(
     user: UserInfo,
     drop_watch: bool,
 ) -> Response<Body> {
+    // The node proxy: the rest of the path after `proxy` goes to the node's kubelet.
+    if res.plural == "nodes"
+        && sub.as_deref() == Some("proxy")
+        && let Some(n) = name.as_deref()
+    {
+        let node = state.store.lock().get(res_index(res), "", n);
+        let Some(node) = node else {
+            return ApiError::not_found(res, n).into_response();
+        };
+        let full = req.uri().path().to_string();
+        let marker = format!("/nodes/{n}/proxy");
+        let tail = full
+            .find(&marker)
+            .map(|i| &full[i + marker.len()..])
+            .unwrap_or("");
+        let tail = if tail.is_empty() { "/" } else { tail };
+        return crate::proxy_seam::forward_node(state, &node, tail, req).await;
+    }
     // Streaming subresources go to the kubelet proxy with the request untouched.
     if let (Some(s), Some(n)) = (sub.as_deref(), name.as_deref())
         && res.plural == "pods"

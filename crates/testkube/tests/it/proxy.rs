@@ -786,3 +786,85 @@ async fn api_server_kubelet_settings_reach_the_proxy() {
     untrusted.shutdown().await;
     server.shutdown().await;
 }
+
+/// A front that forwards every request as `nodes/n1/proxy/{path}` (the path after
+/// `/proxy`), like the API server's node proxy after authentication and lookup.
+async fn node_front(cfg: ProxyConfig, node: Value) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = std::sync::Arc::new(cfg);
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let (cfg, node) = (cfg.clone(), node.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<_>| {
+                    let (cfg, node) = (cfg.clone(), node.clone());
+                    async move {
+                        let path = req.uri().path().trim_start_matches("/proxy").to_string();
+                        Ok::<_, std::convert::Infallible>(
+                            testkube::proxy::forward_node(&cfg, &node, &path, req).await,
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn the_node_proxy_passes_the_kubelets_answer_through_with_the_query() {
+    let stub = StubKubelet::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let api = node_front(
+        ProxyConfig::default(),
+        node_at("127.0.0.1", stub.addr().port()),
+    )
+    .await;
+    let resp = get(api, "/proxy/containerLogs/default/web/app?tailLines=1").await;
+    assert_eq!(resp.status(), 200);
+    let text = body_text(resp).await;
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        stub.requests()
+            .iter()
+            .any(|r| r.contains("/containerLogs/default/web/app") && r.contains("tailLines=1")),
+        "{:?}",
+        stub.requests()
+    );
+    // The kubelet's own error status passes through unchanged (not turned into a Status).
+    let missing = get(api, "/proxy/no/such/route").await;
+    assert_eq!(missing.status(), 404);
+    assert_eq!(body_text(missing).await, "404 page not found\n");
+    // What the double does not implement is refused, not half-done.
+    let tcp = TcpStream::connect(api).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let post = send
+        .send_request(
+            http::Request::post("/proxy/run/default/web/app")
+                .header("host", "apiserver")
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (code, status) = status_of(post).await;
+    assert_eq!(code, 405);
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("only plain GET"),
+        "{status}"
+    );
+}

@@ -1,22 +1,30 @@
 //! The `process` provider: a pod is a local process group running its first container's
 //! command and args, with its literal env, in a working directory under a per-pod
-//! directory of the state dir. Output (stdout and stderr, interleaved as written) goes to
-//! `output.log` there, which is what log streaming serves.
+//! directory of the state dir. Its stdout and stderr go through FIFOs the manager drains
+//! into `output.log` (see the `capture` module), which is what log streaming serves and
+//! what attach follows live. A container with `stdin: true` gets a stdin FIFO kept open
+//! (attach writes to it); one with `tty: true` runs under `script`, on a terminal that
+//! lives inside the pod's process group.
 //!
 //! Layout of `--state-dir`, one directory per claim:
 //!
 //! ```text
 //! <state-dir>/<claim>/instance.json   pid, start time, pod (written after the spawn)
-//! <state-dir>/<claim>/output.log      stdout and stderr
+//! <state-dir>/<claim>/output.log      stdout and stderr, in the order captured
+//! <state-dir>/<claim>/output.idx      capture time of each chunk of output.log
+//! <state-dir>/<claim>/stdout.fifo     the process's stdout (also stderr.fifo, stdin.fifo)
 //! <state-dir>/<claim>/exit            exit code, written by the process's shell wrapper
 //! <state-dir>/<claim>/root/           working directory base (workingDir resolves here)
 //! ```
 //!
-//! A restarted manager finds its instances again from these files. A PID alone is not an
+//! A restarted manager finds its instances again from these files, and resumes draining
+//! their FIFOs. A PID alone is not an
 //! identity (the kernel reuses them), so an instance is alive only when the PID's start
 //! time (`/proc/<pid>/stat`) matches the recorded one. Every process carries its claim in
 //! `NEBULA_CLAIM`, so a manager that died between the spawn and the write of
 //! `instance.json` finds the process by that tag instead of starting a second one.
+//!
+//! Stats are those of the pod's process group and its descendants, read from `/proc`.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
@@ -35,16 +43,17 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
+use super::capture::{self, Captures, OUTPUT};
 use crate::crash::{CrashHook, CrashPoint};
 use crate::provider::{
-    ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance, InstanceState, InstanceStats,
-    LogOptions, LogStreamer, PortForwarder, Provider, ProviderError, ProvisionRequest, StatsSource,
+    Attacher, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance, InstanceState,
+    InstanceStats, LogOptions, LogStreamer, PortForwarder, Provider, ProviderError,
+    ProvisionRequest, StatsSource,
 };
 
 /// Environment variable every process of this provider carries: its claim.
 pub const CLAIM_ENV: &str = "NEBULA_CLAIM";
 const RECORD: &str = "instance.json";
-const OUTPUT: &str = "output.log";
 const EXIT: &str = "exit";
 /// How long a terminated process group gets between SIGTERM and SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(5);
@@ -58,6 +67,15 @@ struct Record {
     pod: String,
     env: Vec<(String, String)>,
     working_dir: PathBuf,
+    /// Runs on a terminal (under `script`).
+    #[serde(default)]
+    tty: bool,
+    /// The first container's name.
+    #[serde(default)]
+    container: String,
+    /// The pod's UID.
+    #[serde(default)]
+    pod_uid: String,
 }
 
 impl Record {
@@ -77,6 +95,8 @@ pub struct ProcessProvider {
     provisioning: Arc<tokio::sync::Mutex<()>>,
     /// Cache of id -> claim directory, rebuilt from disk when missing.
     index: Arc<Mutex<HashMap<String, String>>>,
+    /// Output captures running in this manager.
+    captures: Captures,
 }
 
 impl std::fmt::Debug for ProcessProvider {
@@ -116,6 +136,7 @@ impl ProcessProvider {
             crash: None,
             provisioning: Arc::default(),
             index: Arc::default(),
+            captures: Captures::default(),
         })
     }
 
@@ -204,6 +225,7 @@ impl ProcessProvider {
             if let Some(rec) = Self::read_record(&dir)
                 && rec.id() == id
             {
+                self.captures.ensure(&dir);
                 return Some((dir, rec));
             }
         }
@@ -214,6 +236,7 @@ impl ProcessProvider {
                 && rec.id() == id
             {
                 self.remember(&rec);
+                self.captures.ensure(&dir);
                 return Some((dir, rec));
             }
         }
@@ -259,19 +282,44 @@ impl ProcessProvider {
                 pod: req.pod_name.clone(),
                 env: req.env.clone(),
                 working_dir,
+                tty: req.tty,
+                container: req.container.clone(),
+                pod_uid: req.pod_uid.clone(),
             };
             Self::write_record(&dir, &rec)?;
             self.remember(&rec);
+            self.captures.ensure(&dir);
             return Ok(self.instance_of(&dir, &rec));
         }
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(OUTPUT))
-            .map_err(|e| failed("provision", format!("{}: {e}", dir.join(OUTPUT).display())))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| failed("provision", format!("duplicating the log handle: {e}")))?;
+        let stdin = req.stdin || req.tty;
+        capture::make_fifos(&dir, stdin).map_err(|e| {
+            failed(
+                "provision",
+                format!("making FIFOs in {}: {e}", dir.display()),
+            )
+        })?;
+        let open = |name: &str| {
+            capture::open_for_process(&dir.join(name))
+                .map_err(|e| failed("provision", format!("{}: {e}", dir.join(name).display())))
+        };
+        let out = open(capture::STDOUT_FIFO)?;
+        let err = open(capture::STDERR_FIFO)?;
+        let input = if stdin {
+            Stdio::from(open(capture::STDIN_FIFO)?)
+        } else {
+            Stdio::null()
+        };
+        if req.tty {
+            // `script` runs the command on a new terminal it holds (inside the pod's process
+            // group, so the terminal outlives a manager restart), copying its stdin to the
+            // terminal and the terminal's output to its stdout.
+            argv = vec![
+                "script".into(),
+                "-qfec".into(),
+                shell_join(&argv),
+                "/dev/null".into(),
+            ];
+        }
         // The shell wrapper records the exit code next to the log, so the code survives a
         // manager restart (the new manager is not the parent and cannot wait for it).
         let script = r#""$@"; code=$?; printf '%s\n' "$code" > "$NEBULA_STATE/exit.tmp" && mv "$NEBULA_STATE/exit.tmp" "$NEBULA_STATE/exit"; exit $code"#;
@@ -288,15 +336,19 @@ impl ProcessProvider {
             .envs(req.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env(CLAIM_ENV, &req.claim)
             .env("NEBULA_STATE", &dir)
+            .env("SHELL", "/bin/sh")
             .current_dir(&working_dir)
-            .stdin(Stdio::null())
+            .stdin(input)
             .stdout(out)
             .stderr(err)
             .process_group(0)
             .kill_on_drop(false);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| failed("provision", format!("starting {:?}: {e}", argv[0])))?;
+        let spawned = cmd.spawn();
+        // The command holds our copies of the FIFOs: drop them, or the capture would never
+        // see the end of the output.
+        drop(cmd);
+        let mut child =
+            spawned.map_err(|e| failed("provision", format!("starting {:?}: {e}", argv[0])))?;
         let pid = child
             .id()
             .and_then(|p| i32::try_from(p).ok())
@@ -326,9 +378,13 @@ impl ProcessProvider {
             pod: req.pod_name.clone(),
             env: req.env.clone(),
             working_dir,
+            tty: req.tty,
+            container: req.container.clone(),
+            pod_uid: req.pod_uid.clone(),
         };
         Self::write_record(&dir, &rec)?;
         self.remember(&rec);
+        self.captures.ensure(&dir);
         Ok(self.instance_of(&dir, &rec))
     }
 
@@ -371,6 +427,9 @@ impl ProcessProvider {
             let dir = e.path();
             if let Some(rec) = Self::read_record(&dir) {
                 self.remember(&rec);
+                if alive(rec.pid, rec.start_time) {
+                    self.captures.ensure(&dir);
+                }
                 out.push(self.instance_of(&dir, &rec));
             } else if let Some(claim) = dir.file_name().and_then(|n| n.to_str())
                 && let Some((pid, start_time)) = find_by_tag(claim)
@@ -385,6 +444,9 @@ impl ProcessProvider {
                     pod: String::new(),
                     env: Vec::new(),
                     working_dir: dir.join("root"),
+                    tty: false,
+                    container: String::new(),
+                    pod_uid: String::new(),
                 };
                 // Only if still unrecorded: a provision finishing meanwhile writes the
                 // full record (with the pod's environment), which this must not replace.
@@ -406,6 +468,15 @@ impl ProcessProvider {
         }
         Ok(out)
     }
+}
+
+/// `argv` as one `sh` command line (each word single-quoted).
+fn shell_join(argv: &[String]) -> String {
+    let words: Vec<String> = argv
+        .iter()
+        .map(|w| format!("'{}'", w.replace('\'', "'\\''")))
+        .collect();
+    format!("exec {}", words.join(" "))
 }
 
 fn failed(operation: &'static str, reason: String) -> ProviderError {
@@ -551,6 +622,10 @@ impl Provider for ProcessProvider {
     fn stats(&self) -> Option<&dyn StatsSource> {
         Some(self)
     }
+
+    fn attacher(&self) -> Option<&dyn Attacher> {
+        Some(self)
+    }
 }
 
 impl LogStreamer for ProcessProvider {
@@ -563,31 +638,52 @@ impl LogStreamer for ProcessProvider {
             let (dir, rec) = self
                 .lookup(instance_id)
                 .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
+            let capture = self.captures.ensure(&dir);
             let path = dir.join(OUTPUT);
-            let mut file = std::fs::File::open(&path)
-                .map_err(|e| failed("logs", format!("{}: {e}", path.display())))?;
             let mut content = Vec::new();
-            file.read_to_end(&mut content)
-                .map_err(|e| failed("logs", format!("{}: {e}", path.display())))?;
-            let mut start = 0;
-            if let Some(n) = opts.tail_lines {
-                start = tail_start(&content, n);
+            match std::fs::File::open(&path) {
+                Ok(mut f) => {
+                    f.read_to_end(&mut content)
+                        .map_err(|e| failed("logs", format!("{}: {e}", path.display())))?;
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(failed("logs", format!("{}: {e}", path.display()))),
             }
-            let mut head = content.split_off(start);
-            if let Some(limit) = opts.limit_bytes {
+            let fallback = modified_nanos(&path);
+            let index = capture::read_index(&dir);
+            let start = opts.tail_lines.map_or(0, |n| tail_start(&content, n));
+            let render = capture::Render {
+                since: opts.since_unix_nanos,
+                timestamps: opts.timestamps,
+            };
+            let mut head = Vec::new();
+            // Following with timestamps, a partial last line waits for its end.
+            let used = capture::render_lines(
+                &content[start..],
+                start as u64,
+                &index,
+                fallback,
+                &render,
+                opts.follow && opts.timestamps,
+                &mut head,
+            );
+            let mut offset = (start + used) as u64;
+            let mut remaining = opts.limit_bytes;
+            if let Some(limit) = remaining {
                 head.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+                remaining = Some(limit.saturating_sub(head.len() as u64));
             }
-            if !opts.follow {
+            if !opts.follow || remaining == Some(0) {
                 return Ok(Box::pin(std::io::Cursor::new(head)) as ByteStream);
             }
             let (mut tx, rx) = tokio::io::duplex(64 * 1024);
-            let mut offset = file
-                .seek(SeekFrom::End(0))
-                .map_err(|e| failed("logs", format!("{}: {e}", path.display())))?;
+            let timestamps = opts.timestamps;
             tokio::spawn(async move {
                 if tx.write_all(&head).await.is_err() {
                     return;
                 }
+                let mut written = capture.map(|c| c.written());
+                let mut ended = false;
                 loop {
                     let mut more = Vec::new();
                     if let Ok(mut f) = std::fs::File::open(&path)
@@ -595,21 +691,72 @@ impl LogStreamer for ProcessProvider {
                     {
                         let _ = f.read_to_end(&mut more);
                     }
-                    if !more.is_empty() {
-                        offset += more.len() as u64;
-                        if tx.write_all(&more).await.is_err() {
-                            return;
-                        }
-                    } else if !alive(rec.pid, rec.start_time) {
+                    let mut out = Vec::new();
+                    let used = if timestamps {
+                        let index = capture::read_index(&dir);
+                        capture::render_lines(
+                            &more,
+                            offset,
+                            &index,
+                            modified_nanos(&path),
+                            &capture::Render {
+                                since: None,
+                                timestamps,
+                            },
+                            !ended,
+                            &mut out,
+                        )
+                    } else {
+                        out = more;
+                        out.len()
+                    };
+                    offset += used as u64;
+                    if let Some(left) = remaining.as_mut() {
+                        out.truncate(usize::try_from(*left).unwrap_or(usize::MAX));
+                        *left = left.saturating_sub(out.len() as u64);
+                    }
+                    if !out.is_empty() && tx.write_all(&out).await.is_err() {
                         return;
                     }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if remaining == Some(0) || ended {
+                        return;
+                    }
+                    if used > 0 {
+                        continue;
+                    }
+                    // Wait for more output: woken by the capture as it writes, or (for an
+                    // instance without one) by polling.
+                    match written.as_mut() {
+                        Some(w) => {
+                            match tokio::time::timeout(Duration::from_secs(1), w.changed()).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(_)) => ended = true,
+                                Err(_) => {}
+                            }
+                        }
+                        None => {
+                            if !alive(rec.pid, rec.start_time) {
+                                ended = true;
+                            } else {
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                        }
+                    }
                 }
             });
             Ok(Box::pin(rx) as ByteStream)
         }
         .boxed()
     }
+}
+
+/// Modification time of a file, nanoseconds since the epoch (0 when unknown).
+fn modified_nanos(path: &Path) -> u64 {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// Byte offset where the last `n` lines of `content` start.
@@ -688,13 +835,13 @@ impl Executor for ProcessProvider {
             }
             if let (Some(mut to), Some(mut from)) = (io.stdout, child.stdout.take()) {
                 pumps.push(tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut from, &mut to).await;
+                    let _ = copy_large(&mut from, &mut to).await;
                     let _ = to.shutdown().await;
                 }));
             }
             if let (Some(mut to), Some(mut from)) = (io.stderr, child.stderr.take()) {
                 pumps.push(tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut from, &mut to).await;
+                    let _ = copy_large(&mut from, &mut to).await;
                     let _ = to.shutdown().await;
                 }));
             }
@@ -715,6 +862,28 @@ impl Executor for ProcessProvider {
                 .unwrap_or(255))
         }
         .boxed()
+    }
+}
+
+/// Copies `from` to `to` in reads of up to 128 KiB. `tokio::io::copy` reads 8 KiB at a
+/// time, and every chunk handed on becomes a frame, a flush and a TLS record downstream:
+/// output of a fast command then costs several times its bytes.
+async fn copy_large<R, W>(from: &mut R, to: &mut W) -> std::io::Result<u64>
+where
+    R: tokio::io::AsyncRead + Unpin + ?Sized,
+    W: tokio::io::AsyncWrite + Unpin + ?Sized,
+{
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            to.flush().await?;
+            return Ok(total);
+        }
+        to.write_all(&buf[..n]).await?;
+        total += n as u64;
     }
 }
 
@@ -800,7 +969,7 @@ async fn exec_on_terminal(
         tokio::spawn(async move {
             let mut from = tokio::fs::File::from_std(reader);
             // Reading the terminal fails (EIO) once every program holding it is gone.
-            let _ = tokio::io::copy(&mut from, &mut to).await;
+            let _ = copy_large(&mut from, &mut to).await;
             let _ = to.shutdown().await;
         })
     });
@@ -869,21 +1038,255 @@ impl StatsSource for ProcessProvider {
             let (_, rec) = self
                 .lookup(instance_id)
                 .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
-            let stat = std::fs::read_to_string(format!("/proc/{}/stat", rec.pid))
-                .map_err(|e| failed("stats", format!("/proc/{}/stat: {e}", rec.pid)))?;
-            let rest = stat.rfind(')').map(|i| &stat[i + 2..]).unwrap_or("");
-            let f: Vec<&str> = rest.split(' ').collect();
-            let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-            // utime + stime (fields 14, 15) in clock ticks of 10 ms on Linux's usual USER_HZ.
-            let cpu_nanos = (ticks(11) + ticks(12)).saturating_mul(10_000_000);
-            let rss_pages = ticks(21);
+            if !alive(rec.pid, rec.start_time) {
+                return Err(ProviderError::NotFound(instance_id.to_string()));
+            }
+            let group = group_usage(rec.pid).map_err(|e| {
+                failed(
+                    "stats",
+                    format!("reading /proc for process group {}: {e}", rec.pid),
+                )
+            })?;
+            let tick = clock_tick_nanos();
+            let page = page_size();
+            let boot = boot_time_unix();
             Ok(InstanceStats {
-                cpu_nanos,
-                memory_bytes: rss_pages.saturating_mul(4096),
+                cpu_nanos: group.cpu_ticks.saturating_mul(tick),
+                memory_bytes: group.rss_pages.saturating_mul(page),
+                working_set_bytes: group.rss_pages.saturating_mul(page),
+                start_time_unix: boot
+                    .map(|b| b + rec.start_time.saturating_mul(tick) / 1_000_000_000),
+                timestamp_unix_nanos: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+                container: (!rec.container.is_empty()).then(|| rec.container.clone()),
+                pod_uid: (!rec.pod_uid.is_empty()).then(|| rec.pod_uid.clone()),
             })
         })();
         async move { result }.boxed()
     }
+}
+
+/// CPU and memory of a pod's processes, summed.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct GroupUsage {
+    /// utime + stime of every process, plus what its reaped children used (cutime +
+    /// cstime), in clock ticks: the pod's CPU time so far.
+    cpu_ticks: u64,
+    /// Resident pages of every process.
+    rss_pages: u64,
+}
+
+/// One line of `/proc/<pid>/stat`, the fields the provider uses.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ProcStat {
+    ppid: i32,
+    pgrp: i32,
+    usage: GroupUsage,
+}
+
+/// Parses a stat line. The command name may hold spaces and parentheses: the fields
+/// start after the last `)`.
+fn parse_stat(stat: &str) -> Option<ProcStat> {
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split(' ').collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // Index 0 is field 3 (state): 4 ppid, 5 pgrp, 14-17 utime stime cutime cstime, 24 rss.
+    Some(ProcStat {
+        ppid: f.get(1)?.parse().ok()?,
+        pgrp: f.get(2)?.parse().ok()?,
+        usage: GroupUsage {
+            cpu_ticks: num(11) + num(12) + num(13) + num(14),
+            rss_pages: num(21),
+        },
+    })
+}
+
+/// The pod's processes: its process group, and every descendant of it (a program under
+/// `script` runs in a session of its own).
+fn pod_processes(pgid: i32) -> std::io::Result<Vec<(i32, ProcStat)>> {
+    let mut all = Vec::new();
+    for e in std::fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            && let Some(p) = parse_stat(&stat)
+        {
+            all.push((pid, p));
+        }
+    }
+    Ok(select_pod(all, pgid))
+}
+
+/// The group `pgid` and its descendants out of `all`.
+fn select_pod(all: Vec<(i32, ProcStat)>, pgid: i32) -> Vec<(i32, ProcStat)> {
+    let mut members: std::collections::HashSet<i32> = all
+        .iter()
+        .filter(|(_, p)| p.pgrp == pgid)
+        .map(|(pid, _)| *pid)
+        .collect();
+    loop {
+        let before = members.len();
+        for (pid, p) in &all {
+            if members.contains(&p.ppid) {
+                members.insert(*pid);
+            }
+        }
+        if members.len() == before {
+            break;
+        }
+    }
+    all.into_iter()
+        .filter(|(pid, _)| members.contains(pid))
+        .collect()
+}
+
+fn group_usage(pgid: i32) -> std::io::Result<GroupUsage> {
+    let mut total = GroupUsage::default();
+    for (_, p) in pod_processes(pgid)? {
+        total.cpu_ticks += p.usage.cpu_ticks;
+        total.rss_pages += p.usage.rss_pages;
+    }
+    Ok(total)
+}
+
+fn clock_tick_nanos() -> u64 {
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .and_then(|v| u64::try_from(v).ok())
+        .filter(|v| *v > 0)
+        .unwrap_or(100);
+    1_000_000_000 / hz
+}
+
+fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|v| u64::try_from(v).ok())
+        .unwrap_or(4096)
+}
+
+/// The boot time (`btime` of /proc/stat), seconds since the epoch.
+fn boot_time_unix() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+impl Attacher for ProcessProvider {
+    fn attach<'a>(
+        &'a self,
+        instance_id: &'a str,
+        io: ExecIo,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        async move {
+            let (dir, rec) = self
+                .lookup(instance_id)
+                .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
+            if !alive(rec.pid, rec.start_time) {
+                return Err(failed(
+                    "attach",
+                    format!("the process of instance {instance_id} is not running"),
+                ));
+            }
+            let capture = self.captures.ensure(&dir).ok_or_else(|| {
+                failed(
+                    "attach",
+                    format!(
+                        "instance {instance_id} writes straight to its log (started by an older manager): only instances started since can be attached to"
+                    ),
+                )
+            })?;
+            // Subscribed before anything else: output from here on reaches the client.
+            let mut chunks = capture.subscribe();
+            let mut side = AbortOnDrop(Vec::new());
+            if let Some(mut from) = io.stdin {
+                let fifo = dir.join(capture::STDIN_FIFO);
+                side.0.push(tokio::spawn(async move {
+                    match tokio::net::unix::pipe::OpenOptions::new().open_sender(&fifo) {
+                        Ok(mut to) => {
+                            let _ = tokio::io::copy(&mut from, &mut to).await;
+                        }
+                        // No stdin kept open (the container has no `stdin: true`): what the
+                        // client types is dropped, as a container runtime does.
+                        Err(_) => {
+                            let _ = tokio::io::copy(&mut from, &mut tokio::io::sink()).await;
+                        }
+                    }
+                }));
+            }
+            if let Some(mut rx) = io.resize {
+                let pgid = rec.pid;
+                side.0.push(tokio::spawn(async move {
+                    while let Some((cols, rows)) = rx.recv().await {
+                        match group_terminal(pgid) {
+                            Some(t) => set_size(&t, cols, rows),
+                            None => tracing::debug!(pgid, "attach resize: the process group has no terminal"),
+                        }
+                    }
+                }));
+            }
+            let (mut out, mut err) = (io.stdout, io.stderr);
+            loop {
+                let (stream, data) = match chunks.recv().await {
+                    Ok(chunk) => chunk,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::debug!(instance = instance_id, missed = n, "attach: the client fell behind and missed output");
+                        continue;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                };
+                let sink = match stream {
+                    capture::Stream::Stdout => out.as_mut(),
+                    capture::Stream::Stderr => err.as_mut(),
+                };
+                if let Some(w) = sink
+                    && w.write_all(&data).await.is_err()
+                {
+                    break;
+                }
+            }
+            for w in [out.as_mut(), err.as_mut()].into_iter().flatten() {
+                let _ = w.shutdown().await;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+/// Aborts its tasks when dropped (the session's future may be dropped mid-way).
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// The terminal of a pod run under `script`: the `/dev/pts/N` one of its processes has
+/// as its standard input, opened for setting its size.
+fn group_terminal(pgid: i32) -> Option<std::fs::File> {
+    for (pid, _) in pod_processes(pgid).ok()? {
+        let Ok(target) = std::fs::read_link(format!("/proc/{pid}/fd/0")) else {
+            continue;
+        };
+        if target.starts_with("/dev/pts/") {
+            return std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc_o_noctty())
+                .open(&target)
+                .ok();
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -912,6 +1315,44 @@ mod tests {
             Path::new("/s/c/root/app/x")
         );
         assert!(resolve_working_dir(d, Some("../../etc")).is_err());
+    }
+
+    #[test]
+    fn a_stat_line_parses_past_a_name_with_parentheses() {
+        let line = "42 (a (b) c) S 7 40 40 0 -1 4194304 1 0 0 0 11 22 33 44 20 0 1 0 500 1000 77 x";
+        let p = parse_stat(line).unwrap();
+        assert_eq!((p.ppid, p.pgrp), (7, 40));
+        assert_eq!(p.usage.cpu_ticks, 11 + 22 + 33 + 44);
+        assert_eq!(p.usage.rss_pages, 77);
+    }
+
+    #[test]
+    fn the_pod_is_its_group_and_every_descendant() {
+        let st = |ppid, pgrp| ProcStat {
+            ppid,
+            pgrp,
+            usage: GroupUsage::default(),
+        };
+        // 10 leads group 10; 11 is in it; 12 (child of 11) started a session of its own;
+        // 13 is 12's child; 20 is unrelated.
+        let all = vec![
+            (10, st(1, 10)),
+            (11, st(10, 10)),
+            (12, st(11, 12)),
+            (13, st(12, 12)),
+            (20, st(1, 20)),
+        ];
+        let mut pids: Vec<i32> = select_pod(all, 10).into_iter().map(|(p, _)| p).collect();
+        pids.sort_unstable();
+        assert_eq!(pids, vec![10, 11, 12, 13]);
+    }
+
+    #[test]
+    fn shell_join_quotes_every_word() {
+        assert_eq!(
+            shell_join(&["echo".into(), "it's".into(), "a b".into()]),
+            "exec 'echo' 'it'\\''s' 'a b'"
+        );
     }
 
     #[test]

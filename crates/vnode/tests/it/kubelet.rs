@@ -173,8 +173,34 @@ async fn missing_pods_instances_and_capabilities_are_not_found_saying_which() {
     )
     .await
     .unwrap();
-    assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+    // Decodes but out of range: the kubelet's 422 for invalid PodLogOptions.
+    assert!(bad.starts_with("HTTP/1.1 422"), "{bad}");
     assert!(bad.contains("tailLines"), "{bad}");
+    let undecodable = get(
+        &server,
+        port,
+        "/containerLogs/default/web/main?sinceTime=yesterday",
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(undecodable.starts_with("HTTP/1.1 400"), "{undecodable}");
+    let attach = get(&server, port, "/attach/default/web/main?output=1", None)
+        .await
+        .unwrap();
+    assert!(attach.starts_with("HTTP/1.1 404"), "{attach}");
+    assert!(
+        attach.contains("provider mem of node nebula-mem does not support attach"),
+        "{attach}"
+    );
+    for path in ["/stats/summary", "/metrics/resource"] {
+        let stats = get(&server, port, path, None).await.unwrap();
+        assert!(stats.starts_with("HTTP/1.1 404"), "{stats}");
+        assert!(
+            stats.contains("no provider of this manager reports stats"),
+            "{stats}"
+        );
+    }
     cancel.cancel();
 }
 
@@ -276,5 +302,16 @@ async fn webhook_authorization_asks_the_api_server_and_refuses_with_403() {
         .await
         .unwrap();
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    // Stats and metrics are nodes/stats and nodes/metrics, which alice may not get.
+    for (path, sub) in [
+        ("/stats/summary", "stats"),
+        ("/metrics/resource", "metrics"),
+    ] {
+        let refused = get(&server, port, path, Some((&alice, &alice_key)))
+            .await
+            .unwrap();
+        assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+        assert!(refused.contains(&format!("subresource={sub}")), "{refused}");
+    }
     cancel.cancel();
 }

@@ -156,3 +156,336 @@ async fn exec_port_forward_stats_and_log_tail() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(10)).await;
     Ok(())
 }
+
+/// Reads `from` into `buf` until `want` appears (10 s at most); what was read.
+async fn read_until(
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    buf: &mut Vec<u8>,
+    want: &str,
+) -> anyhow::Result<String> {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !String::from_utf8_lossy(buf).contains(want) {
+            let mut chunk = [0u8; 4096];
+            let n = from.read(&mut chunk).await?;
+            anyhow::ensure!(
+                n > 0,
+                "ended before {want:?}: {:?}",
+                String::from_utf8_lossy(buf)
+            );
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        Ok(String::from_utf8_lossy(buf).into_owned())
+    })
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "no {want:?} within 10 s: {:?}",
+            String::from_utf8_lossy(buf)
+        )
+    })?
+}
+
+#[tokio::test]
+async fn attach_writes_the_live_process_stdin_and_reads_its_stdout_and_stderr_apart()
+-> anyhow::Result<()> {
+    let state = tempfile::tempdir()?;
+    let p = ProcessProvider::new("proc", state.path())?;
+    let mut r = req(
+        "nebula-dddd",
+        r#"echo before; while read l; do echo "out $l"; echo "err $l" >&2; [ "$l" = quit ] && exit 0; done"#,
+    );
+    r.stdin = true;
+    let a = p.provision(&r).await?;
+    // Output written before the attach is the log's, not the attached client's.
+    wait_for("the first line", || async {
+        let mut s = String::new();
+        p.log_streamer()
+            .unwrap()
+            .logs(&a.id, &LogOptions::default())
+            .await?
+            .read_to_string(&mut s)
+            .await?;
+        Ok((s == "before\n").then_some(()))
+    })
+    .await?;
+    let (mut stdin_w, stdin_r) = tokio::io::duplex(4096);
+    let (out_w, mut out_r) = tokio::io::duplex(4096);
+    let (err_w, mut err_r) = tokio::io::duplex(4096);
+    let attacher = p.clone();
+    let id = a.id.clone();
+    let session = tokio::spawn(async move {
+        attacher
+            .attacher()
+            .unwrap()
+            .attach(
+                &id,
+                ExecIo::pipes(
+                    Some(Box::pin(stdin_r)),
+                    Some(Box::pin(out_w)),
+                    Some(Box::pin(err_w)),
+                ),
+            )
+            .await
+    });
+    stdin_w.write_all(b"one\n").await?;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    assert_eq!(
+        read_until(&mut out_r, &mut out, "out one\n").await?,
+        "out one\n"
+    );
+    assert_eq!(
+        read_until(&mut err_r, &mut err, "err one\n").await?,
+        "err one\n"
+    );
+    // The client's end of input does not close the process's (no stdinOnce).
+    drop(stdin_w);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(matches!(p.status(&a.id).await?, Some(i) if i.state == InstanceState::Running));
+    // A second client writes to the same stdin; the process exits and the attach ends.
+    let (mut w2, r2) = tokio::io::duplex(64);
+    let writer = p.clone();
+    let id = a.id.clone();
+    let second = tokio::spawn(async move {
+        writer
+            .attacher()
+            .unwrap()
+            .attach(&id, ExecIo::pipes(Some(Box::pin(r2)), None, None))
+            .await
+    });
+    w2.write_all(b"quit\n").await?;
+    read_until(&mut out_r, &mut out, "out quit\n").await?;
+    tokio::time::timeout(Duration::from_secs(10), session)
+        .await
+        .map_err(|_| anyhow::anyhow!("attach did not end when the process exited"))???;
+    tokio::time::timeout(Duration::from_secs(10), second).await???;
+    // Everything went to the log too, stdout and stderr together.
+    let mut log = String::new();
+    p.log_streamer()
+        .unwrap()
+        .logs(&a.id, &LogOptions::default())
+        .await?
+        .read_to_string(&mut log)
+        .await?;
+    assert!(log.starts_with("before\nout one\n"), "{log}");
+    assert!(
+        log.contains("err one\n") && log.contains("out quit\n"),
+        "{log}"
+    );
+    // Attaching to a process that ended says so.
+    wait_for("the process to end", || async {
+        Ok(matches!(p.status(&a.id).await?, Some(i) if i.state == (InstanceState::Exited { code: 0 })).then_some(()))
+    })
+    .await?;
+    let late = p
+        .attacher()
+        .unwrap()
+        .attach(&a.id, ExecIo::pipes(None, None, None))
+        .await;
+    assert!(
+        late.as_ref()
+            .is_err_and(|e| e.to_string().contains("not running")),
+        "{late:?}"
+    );
+    p.terminate(&a.id).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn attach_to_a_terminal_pod_sets_its_size() -> anyhow::Result<()> {
+    let state = tempfile::tempdir()?;
+    let p = ProcessProvider::new("proc", state.path())?;
+    let mut r = req(
+        "nebula-eeee",
+        r#"while read l; do echo "got $l"; stty size; done"#,
+    );
+    r.stdin = true;
+    r.tty = true;
+    let a = p.provision(&r).await?;
+    let (mut stdin_w, stdin_r) = tokio::io::duplex(4096);
+    let (out_w, mut out_r) = tokio::io::duplex(4096);
+    let (resize_tx, resize_rx) = tokio::sync::mpsc::channel(4);
+    let attacher = p.clone();
+    let id = a.id.clone();
+    let session = tokio::spawn(async move {
+        let io = ExecIo {
+            stdin: Some(Box::pin(stdin_r)),
+            stdout: Some(Box::pin(out_w)),
+            stderr: None,
+            tty: true,
+            resize: Some(resize_rx),
+        };
+        attacher.attacher().unwrap().attach(&id, io).await
+    });
+    resize_tx.send((111, 33)).await?;
+    // The size is set by another task: ask until it shows.
+    let mut out = Vec::new();
+    let text = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            stdin_w.write_all(b"x\n").await?;
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_millis(500), out_r.read(&mut chunk))
+                .await
+                .unwrap_or(Ok(0))?;
+            out.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&out).into_owned();
+            if text.contains("33 111") {
+                return Ok::<_, anyhow::Error>(text);
+            }
+        }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("no 33x111 terminal: {:?}", String::from_utf8_lossy(&out)))??;
+    // A terminal: the input is echoed and lines end in CR LF.
+    assert!(text.contains("got x\r\n"), "{text:?}");
+    session.abort();
+    p.terminate(&a.id).await?;
+    Ok(())
+}
+
+/// `(time, line)` of a `timestamps=true` log.
+fn stamped(text: &str) -> Vec<(i128, String)> {
+    text.lines()
+        .map(|l| {
+            let (t, rest) = l.split_once(' ').unwrap();
+            let t = chrono::DateTime::parse_from_rfc3339(t).unwrap();
+            assert_eq!(
+                t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true).len(),
+                30,
+                "{l}"
+            );
+            (
+                i128::from(t.timestamp()) * 1_000_000_000 + i128::from(t.timestamp_subsec_nanos()),
+                rest.to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn logs_honour_since_timestamps_tail_and_limit() -> anyhow::Result<()> {
+    let state = tempfile::tempdir()?;
+    let p = ProcessProvider::new("proc", state.path())?;
+    let a = p
+        .provision(&req(
+            "nebula-ffff",
+            "echo first; sleep 1; echo second; exec sleep 1000",
+        ))
+        .await?;
+    let logs = |opts: LogOptions| {
+        let p = p.clone();
+        let id = a.id.clone();
+        async move {
+            let mut s = String::new();
+            p.log_streamer()
+                .unwrap()
+                .logs(&id, &opts)
+                .await?
+                .read_to_string(&mut s)
+                .await?;
+            Ok::<_, anyhow::Error>(s)
+        }
+    };
+    wait_for("two lines", || async {
+        Ok((logs(LogOptions::default()).await? == "first\nsecond\n").then_some(()))
+    })
+    .await?;
+    let all = logs(LogOptions {
+        timestamps: true,
+        ..LogOptions::default()
+    })
+    .await?;
+    let lines = stamped(&all);
+    assert_eq!(
+        lines.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>(),
+        ["first", "second"]
+    );
+    let (t1, t2) = (lines[0].0, lines[1].0);
+    // The times are those of the writes, a second apart, not of the request.
+    assert!(t2 - t1 >= 900_000_000, "{all}");
+    let since = |t: i128| LogOptions {
+        since_unix_nanos: Some(t),
+        ..LogOptions::default()
+    };
+    assert_eq!(logs(since(t1)).await?, "first\nsecond\n");
+    assert_eq!(logs(since(t1 + 1)).await?, "second\n");
+    assert_eq!(logs(since(t2 + 1)).await?, "");
+    let tail = LogOptions {
+        tail_lines: Some(1),
+        ..LogOptions::default()
+    };
+    assert_eq!(logs(tail.clone()).await?, "second\n");
+    // tail first, then since (as the kubelet does): the last line is before t2 + 1.
+    assert_eq!(
+        logs(LogOptions {
+            since_unix_nanos: Some(t1 + 1),
+            ..tail.clone()
+        })
+        .await?,
+        "second\n"
+    );
+    assert_eq!(
+        logs(LogOptions {
+            limit_bytes: Some(8),
+            ..LogOptions::default()
+        })
+        .await?,
+        "first\nse"
+    );
+    // The limit counts the timestamps too.
+    let limited = logs(LogOptions {
+        limit_bytes: Some(10),
+        timestamps: true,
+        ..LogOptions::default()
+    })
+    .await?;
+    assert_eq!(limited, all[..10]);
+    // follow with a limit ends at the limit.
+    let followed = tokio::time::timeout(
+        Duration::from_secs(10),
+        logs(LogOptions {
+            follow: true,
+            limit_bytes: Some(3),
+            ..LogOptions::default()
+        }),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("a limited follow did not end at its limit"))??;
+    assert_eq!(followed, "fir");
+    p.terminate(&a.id).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stats_sum_the_pods_processes() -> anyhow::Result<()> {
+    let state = tempfile::tempdir()?;
+    let p = ProcessProvider::new("proc", state.path())?;
+    let mut r = req(
+        "nebula-gggg",
+        // A child that burns CPU, then stays: its time is the pod's.
+        "sh -c 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exec sleep 1000' & exec sleep 1000",
+    );
+    r.container = "main".into();
+    r.pod_uid = "uid-1".into();
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let a = p.provision(&r).await?;
+    let stats = wait_for("CPU time of the busy child", || async {
+        let s = p.stats().unwrap().stats(&a.id).await?;
+        Ok((s.cpu_nanos >= 100_000_000).then_some(s))
+    })
+    .await?;
+    assert!(
+        stats.memory_bytes > 0 && stats.working_set_bytes > 0,
+        "{stats:?}"
+    );
+    let start = stats.start_time_unix.unwrap();
+    assert!(
+        start + 2 >= before && start <= before + 5,
+        "{start} vs {before}"
+    );
+    assert_eq!(stats.container.as_deref(), Some("main"));
+    assert_eq!(stats.pod_uid.as_deref(), Some("uid-1"));
+    p.terminate(&a.id).await?;
+    Ok(())
+}
