@@ -95,6 +95,15 @@ mod tests {
             "2024-06-19T15:22:45.000000Z"
         );
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        // Truncated, never rounded up, as Go's Format does.
+        assert_eq!(
+            format_secs(parse_rfc3339("2024-06-19T15:22:45.999999999Z").unwrap()),
+            "2024-06-19T15:22:45Z"
+        );
+        assert_eq!(
+            format_micros(parse_rfc3339("2024-06-19T15:22:45.9999999Z").unwrap()),
+            "2024-06-19T15:22:45.999999Z"
+        );
     }
 
     #[test]

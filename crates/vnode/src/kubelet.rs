@@ -1229,9 +1229,10 @@ fn log_options(pairs: &[(String, String)], now: i128) -> Result<LogOptions, Refu
     let since_time = match value(pairs, "sinceTime") {
         None => None,
         Some(v) => {
-            let t = chrono::DateTime::parse_from_rfc3339(v)
+            let t = v
+                .parse::<k8s_openapi::jiff::Timestamp>()
                 .map_err(|_| bad("sinceTime", v, "is not an RFC 3339 time"))?;
-            Some(i128::from(t.timestamp()) * 1_000_000_000 + i128::from(t.timestamp_subsec_nanos()))
+            Some(t.as_nanosecond())
         }
     };
     if let Some(t) = tail

@@ -161,7 +161,7 @@ pub(crate) async fn gone(pods: &Api<Pod>, name: &str) -> anyhow::Result<()> {
 async fn crash_at(point: vnode::CrashPoint) -> anyhow::Result<()> {
     let server = testkube::ApiServer::start().await?;
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
-    let state = tempfile::tempdir()?;
+    let state = crate::state::state_dir();
     let mut claims = Vec::new();
     let result = async {
         let mut first = start(server.kubeconfig_path(), state.path(), Some(point.as_str()))?;

@@ -118,7 +118,7 @@ async fn manifests_apply_and_grant_every_request_the_manager_makes() -> anyhow::
 
     // A pod's whole life through the real binary, then: was every request granted?
     server.clear_requests();
-    let state = tempfile::tempdir()?;
+    let state = crate::state::state_dir();
     let (health, admin) = (free_port()?, free_port()?);
     let mut manager = Command::new(env!("CARGO_BIN_EXE_nebula-manager"))
         .args(["run", "--provider", "process", "--leader-elect"])

@@ -15,7 +15,7 @@ async fn standby_takes_over_and_readopts_without_creating_or_terminating() -> an
     let leases: Api<Lease> = Api::namespaced(server.client(), "kube-system");
     // Both replicas share the state directory, as two containers of one pod sharing a
     // volume would; in a cluster each provider's instances live wherever it provisions.
-    let state = tempfile::tempdir()?;
+    let state = crate::state::state_dir();
     let kc = server.kubeconfig_path().to_path_buf();
     let mut claims = Vec::new();
     let result = async {

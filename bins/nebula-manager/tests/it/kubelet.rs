@@ -84,7 +84,7 @@ async fn kubectl_logs_follow_and_exec_reach_the_process_provider() {
     let k127 = kubectl_bin("1.27");
     let server = testkube::ApiServer::start().await.unwrap();
     let kc = server.kubeconfig_path().to_path_buf();
-    let state = tempfile::tempdir().unwrap();
+    let state = crate::state::state_dir();
     let _manager = start_with(&kc, state.path(), None, &[]).unwrap();
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
     let pod: Pod = serde_json::from_value(json!({
@@ -224,7 +224,7 @@ fn free_port() -> u16 {
 async fn kubectl_port_forward_reaches_a_port_the_pods_process_listens_on() {
     let server = testkube::ApiServer::start().await.unwrap();
     let kc = server.kubeconfig_path().to_path_buf();
-    let state = tempfile::tempdir().unwrap();
+    let state = crate::state::state_dir();
     let _manager = start_with(&kc, state.path(), None, &[]).unwrap();
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
     let pod_port = free_port();
@@ -415,7 +415,7 @@ async fn a_hundred_concurrent_exec_sessions_complete() {
     use kube::api::AttachParams;
     let server = testkube::ApiServer::start().await.unwrap();
     let kc = server.kubeconfig_path().to_path_buf();
-    let state = tempfile::tempdir().unwrap();
+    let state = crate::state::state_dir();
     let _manager = start_with(&kc, state.path(), None, &[]).unwrap();
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
     let pod: Pod = serde_json::from_value(json!({
@@ -556,7 +556,7 @@ async fn kubectl_attach_log_options_and_node_stats_reach_the_process_provider() 
     let k127 = kubectl_bin("1.27");
     let server = testkube::ApiServer::start().await.unwrap();
     let kc = server.kubeconfig_path().to_path_buf();
-    let state = tempfile::tempdir().unwrap();
+    let state = crate::state::state_dir();
     let _manager = start_with(&kc, state.path(), None, &[]).unwrap();
     let pods: Api<Pod> = Api::namespaced(server.client(), "default");
     let chat = r#"echo ready; while read l; do echo "got $l"; echo "err $l" >&2; [ "$l" = bye ] && exit 0; done"#;
@@ -631,17 +631,17 @@ async fn kubectl_attach_log_options_and_node_stats_reach_the_process_provider() 
     })
     .await
     .unwrap();
-    let stamps: Vec<chrono::DateTime<chrono::FixedOffset>> = lines
+    let stamps: Vec<k8s_openapi::jiff::Timestamp> = lines
         .lines()
-        .map(|l| chrono::DateTime::parse_from_rfc3339(l.split(' ').next().unwrap()).unwrap())
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
         .collect();
     assert!(lines.lines().next().unwrap().ends_with(" early"), "{lines}");
     assert!(
-        stamps[1] - stamps[0] >= chrono::TimeDelta::milliseconds(1900),
+        stamps[1].duration_since(stamps[0]) >= k8s_openapi::jiff::SignedDuration::from_millis(1900),
         "the times are the writes', two seconds apart: {lines}"
     );
     // sinceTime has second precision: the second the late line was written in.
-    let since = stamps[1].format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let since = format!("{:.0}", stamps[1]);
     let late = run(
         &k132,
         &kc,

@@ -5,3 +5,4 @@ mod crash;
 mod deploy;
 mod failover;
 mod kubelet;
+mod state;

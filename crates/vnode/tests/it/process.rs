@@ -258,19 +258,33 @@ async fn attach_writes_the_live_process_stdin_and_reads_its_stdout_and_stderr_ap
         .await
         .map_err(|_| anyhow::anyhow!("attach did not end when the process exited"))???;
     tokio::time::timeout(Duration::from_secs(10), second).await???;
-    // Everything went to the log too, stdout and stderr together.
-    let mut log = String::new();
-    p.log_streamer()
-        .unwrap()
-        .logs(&a.id, &LogOptions::default())
-        .await?
-        .read_to_string(&mut log)
-        .await?;
-    assert!(log.starts_with("before\nout one\n"), "{log}");
-    assert!(
-        log.contains("err one\n") && log.contains("out quit\n"),
-        "{log}"
-    );
+    // Everything went to the log too, stdout and stderr together (the last lines once the
+    // manager has drained both pipes).
+    let log = wait_for("both streams' last lines in the log", || async {
+        let mut s = String::new();
+        p.log_streamer()
+            .unwrap()
+            .logs(&a.id, &LogOptions::default())
+            .await?
+            .read_to_string(&mut s)
+            .await?;
+        Ok((s.contains("out quit\n") && s.contains("err quit\n")).then_some(s))
+    })
+    .await?;
+    // Each stream keeps its order; between the two, the order is the drain's (two pipes).
+    let lines: Vec<&str> = log.lines().collect();
+    let out_lines: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| !l.starts_with("err "))
+        .collect();
+    assert_eq!(out_lines, ["before", "out one", "out quit"], "{log}");
+    let err_lines: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("err "))
+        .collect();
+    assert_eq!(err_lines, ["err one", "err quit"], "{log}");
     // Attaching to a process that ended says so.
     wait_for("the process to end", || async {
         Ok(matches!(p.status(&a.id).await?, Some(i) if i.state == (InstanceState::Exited { code: 0 })).then_some(()))
@@ -347,16 +361,10 @@ fn stamped(text: &str) -> Vec<(i128, String)> {
     text.lines()
         .map(|l| {
             let (t, rest) = l.split_once(' ').unwrap();
-            let t = chrono::DateTime::parse_from_rfc3339(t).unwrap();
-            assert_eq!(
-                t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true).len(),
-                30,
-                "{l}"
-            );
-            (
-                i128::from(t.timestamp()) * 1_000_000_000 + i128::from(t.timestamp_subsec_nanos()),
-                rest.to_string(),
-            )
+            // RFC 3339 in UTC with nanoseconds, as the kubelet writes them.
+            assert_eq!(t.len(), 30, "{l}");
+            let t: k8s_openapi::jiff::Timestamp = t.parse().unwrap();
+            (t.as_nanosecond(), rest.to_string())
         })
         .collect()
 }
