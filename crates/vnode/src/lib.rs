@@ -38,6 +38,7 @@ mod blocklist;
 mod claim;
 pub mod crash;
 mod election;
+mod events;
 mod handler;
 pub mod kubelet;
 pub mod manager;
@@ -59,18 +60,27 @@ pub mod providers {
 pub use blocklist::Blocklist;
 pub use claim::{
     CLAIM_PREFIX, claim_for, claim_name, connect_secret, connect_secret_name, pod_key,
-    provision_request,
+    pod_spec_fingerprint, provision_request, spec_fingerprint, update_request,
 };
 pub use crash::{CrashHook, CrashPoint};
 pub use handler::{DeleteError, Found, Handler, LookupError, PodInstance};
 pub use kubelet::KubeletServer;
 pub use metrics::Metrics;
 pub use provider::{
-    BlockScope, ByteSink, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance,
-    InstanceState, InstanceStats, LogOptions, LogStreamer, PortForwarder, Provider, ProviderError,
-    ProvisionRequest, StatsSource,
+    BlockScope, ByteSink, ByteStream, Capabilities, ConnectCredential, Duplex, ExecIo, Executor,
+    Instance, InstanceState, InstanceStats, LogOptions, LogStreamer, PortForwarder, Provider,
+    ProviderError, ProvisionRequest, StatsSource, UpdateRequest,
 };
 pub use runner::Runner;
+
+/// A fresh random token: 32 lowercase hex digits (128 bits from rand's thread RNG, which
+/// is seeded from the OS).
+pub(crate) fn random_token() -> String {
+    use rand::RngCore as _;
+    let mut bytes = [0u8; 16];
+    rand::rng().fill_bytes(&mut bytes);
+    hex::encode(bytes)
+}
 
 /// `err` and its sources, joined with ": " (for logs).
 pub(crate) fn chain(err: &dyn std::error::Error) -> String {
