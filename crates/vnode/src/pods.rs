@@ -25,6 +25,7 @@ use crate::events::EventType;
 use crate::handler::{DeleteError, Handler, LookupError};
 use crate::metrics::Metrics;
 use crate::provider::{Instance, InstanceState, ProviderError};
+use crate::slim::SlimPod;
 use crate::status::{self, Observed};
 
 /// How long a refusing provider (or capacity type) is skipped by placement.
@@ -83,7 +84,7 @@ enum SyncError {
 struct Ctx {
     client: Client,
     handler: Arc<Handler>,
-    store: Store<Pod>,
+    store: Store<SlimPod>,
     queue: crate::queue::Queue,
     cfg: PodControllerConfig,
     metrics: Arc<Metrics>,
@@ -104,14 +105,15 @@ pub async fn run_pods(
     let provider = handler.provider().clone();
     let node = common::keys::virtual_node_name(provider.name());
     let poll = provider.capabilities().poll_interval;
-    let api: Api<Pod> = Api::all(client.clone());
+    // Decoded as SlimPod: the fields the controller never reads are skipped while parsing.
+    let api: Api<SlimPod> = Api::all(client.clone());
     let (store, writer) = reflector::store();
     let watch = watcher::watcher(
         api,
         watcher::Config::default().fields(&format!("spec.nodeName={node}")),
     )
     .default_backoff()
-    .modify(prune);
+    .modify(|p| p.prune(&OWN_ANNOTATIONS, DESIRED_SPEC_KEY));
     let events = cfg
         .events
         .then(|| crate::events::Publisher::new(client.clone(), "nebula-manager", &node));
@@ -163,8 +165,11 @@ pub async fn run_pods(
             ev = events.next() => ev,
         };
         match ev {
-            Some(Ok(Event::Apply(pod) | Event::InitApply(pod))) => ctx.queue.add(&pod_key(&pod)),
+            Some(Ok(Event::Apply(pod) | Event::InitApply(pod))) => {
+                ctx.queue.add(&pod_key(&pod.to_pod()));
+            }
             Some(Ok(Event::Delete(pod))) => {
+                let pod = pod.to_pod();
                 // Gone from the API (our final delete, or a force delete): an instance
                 // still tracked for it must not outlive it.
                 let ctx = ctx.clone();
@@ -189,71 +194,13 @@ pub async fn run_pods(
     while tasks.join_next().await.is_some() {}
 }
 
-/// Keeps only what the controller reads, so each tracked pod costs little memory: the
-/// identity and version, this crate's annotations, the first container's shape and the
-/// status fields it compares. (Re-gating reads the full pod from the API.)
-fn prune(pod: &mut Pod) {
-    let desired = crate::claim::pod_spec_fingerprint(pod);
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    meta.labels = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    meta.generate_name = None;
-    meta.creation_timestamp = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.retain(|k, _| {
-            k == common::keys::INSTANCE_ID_ANNOTATION
-                || k == common::keys::ENDPOINT_ANNOTATION
-                || k == common::keys::CAPACITY_TYPE_ANNOTATION
-                || k == common::keys::APPLIED_SPEC_ANNOTATION
-        });
-    }
-    if let Some(fp) = desired {
-        meta.annotations
-            .get_or_insert_with(Default::default)
-            .insert(DESIRED_SPEC_KEY.to_string(), fp);
-    }
-    if let Some(spec) = pod.spec.as_mut() {
-        let first =
-            spec.containers
-                .drain(..)
-                .next()
-                .map(|c| k8s_openapi::api::core::v1::Container {
-                    name: c.name,
-                    image: c.image,
-                    command: c.command,
-                    args: c.args,
-                    env: c.env,
-                    working_dir: c.working_dir,
-                    ..Default::default()
-                });
-        *spec = k8s_openapi::api::core::v1::PodSpec {
-            containers: first.into_iter().collect(),
-            node_name: spec.node_name.take(),
-            ..Default::default()
-        };
-    }
-    if let Some(st) = pod.status.as_mut() {
-        st.host_ip = None;
-        st.host_ips = None;
-        st.pod_ips = None;
-        st.init_container_statuses = None;
-        st.ephemeral_container_statuses = None;
-        st.resource_claim_statuses = None;
-        if let Some(cs) = st.conditions.as_mut() {
-            // Only the conditions this crate writes lose their details: others are
-            // carried over as they are when the status is rewritten.
-            for c in cs
-                .iter_mut()
-                .filter(|c| status::OWNED_CONDITIONS.contains(&c.type_.as_str()))
-            {
-                c.last_probe_time = None;
-                c.message = None;
-            }
-        }
-    }
-}
+/// The annotations the stored copy of a pod keeps.
+const OWN_ANNOTATIONS: [&str; 4] = [
+    common::keys::INSTANCE_ID_ANNOTATION,
+    common::keys::ENDPOINT_ANNOTATION,
+    common::keys::CAPACITY_TYPE_ANNOTATION,
+    common::keys::APPLIED_SPEC_ANNOTATION,
+];
 
 fn pods_api(client: &Client, pod: &Pod) -> Api<Pod> {
     Api::namespaced(
@@ -278,7 +225,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<(), SyncError> {
     let Some(pod) = ctx.store.get(&ObjectRef::new(name).within(ns)) else {
         return Ok(());
     };
-    let pod = (*pod).clone();
+    let pod = pod.to_pod();
     if pod.metadata.deletion_timestamp.is_some() {
         return delete_pod(ctx, &pod).await;
     }
@@ -788,8 +735,9 @@ async fn notify_loop(ctx: Arc<Ctx>) {
         let pods = ctx.store.state();
         let mut live_claims = HashSet::new();
         let mut phases = [0i64; 4];
-        let mut writes: Vec<(Arc<Pod>, Option<&Instance>)> = Vec::new();
-        for pod in &pods {
+        let mut writes: Vec<(Pod, Option<&Instance>)> = Vec::new();
+        for slim in &pods {
+            let pod = &slim.to_pod();
             let Some(claim) = claim_name(pod) else {
                 continue;
             };
