@@ -735,7 +735,9 @@ async fn notify_loop(ctx: Arc<Ctx>) {
         let pods = ctx.store.state();
         let mut live_claims = HashSet::new();
         let mut phases = [0i64; 4];
-        let mut writes: Vec<(Pod, Option<&Instance>)> = Vec::new();
+        // The stored (slim) pods, not Pods built from them: at a mass transition (every pod
+        // turning Running at once) this list holds every pod, and Pods are kilobytes each.
+        let mut writes: Vec<(Arc<SlimPod>, Option<&Instance>)> = Vec::new();
         for slim in &pods {
             let pod = &slim.to_pod();
             let Some(claim) = claim_name(pod) else {
@@ -765,23 +767,24 @@ async fn notify_loop(ctx: Arc<Ctx>) {
                     if status::metadata_patch(pod, instance).is_some()
                         || status::status_patch(pod, &observed, Timestamp::now()).is_some()
                     {
-                        writes.push((pod.clone(), Some(*instance)));
+                        writes.push((slim.clone(), Some(*instance)));
                     }
                 }
                 _ if recorded > epoch => {}
                 _ => {
                     warn!(node = %ctx.node, pod = %pod_key(pod), instance = %id, "instance vanished: marking the pod Failed");
                     ctx.handler.forget(&claim);
-                    writes.push((pod.clone(), None));
+                    writes.push((slim.clone(), None));
                 }
             }
         }
         // Writes of different pods go out concurrently; each pod's own writes stay ordered
         // (metadata, then status).
         futures::stream::iter(writes)
-            .for_each_concurrent(NOTIFY_CONCURRENCY, |(pod, instance)| {
+            .for_each_concurrent(NOTIFY_CONCURRENCY, |(slim, instance)| {
                 let ctx = &ctx;
                 async move {
+                    let pod = slim.to_pod();
                     let observed = match instance {
                         Some(i) => Observed::Instance(i),
                         None => Observed::Vanished,

@@ -80,6 +80,8 @@ pub struct MemoryProvider {
     crash: Arc<Mutex<Option<CrashHook>>>,
     /// Newly created instances start Pending and become Running on the next status read.
     instant_running: Arc<AtomicBool>,
+    /// Issue connect credentials (on by default).
+    credentials: bool,
     /// What was asked.
     pub calls: Arc<Calls>,
 }
@@ -106,8 +108,16 @@ impl MemoryProvider {
             faults: Arc::default(),
             crash: Arc::default(),
             instant_running: Arc::new(AtomicBool::new(true)),
+            credentials: true,
             calls: Arc::default(),
         }
+    }
+
+    /// A provider that issues no connect credentials (so no connect Secrets are written):
+    /// the trait's default behaviour.
+    pub fn without_credentials(mut self) -> MemoryProvider {
+        self.credentials = false;
+        self
     }
 
     /// The injected faults, to change.
@@ -326,6 +336,9 @@ impl Provider for MemoryProvider {
         async move {
             self.calls.credentials.fetch_add(1, Ordering::Relaxed);
             self.delay().await?;
+            if !self.credentials {
+                return Ok(None);
+            }
             let st = lock(&self.state);
             let instance = st
                 .instances
