@@ -35,6 +35,11 @@ pub const INSTANCE_ID_ANNOTATION: &str = "outpost.dhnt.io/instance-id";
 /// the provider has one); `status.podIP` cannot hold a DNS name.
 pub const ENDPOINT_ANNOTATION: &str = "outpost.dhnt.io/endpoint";
 
+/// Pod annotation: the fingerprint of the pod's mutable fields (labels, annotations, image,
+/// activeDeadlineSeconds, tolerations) the manager last handed to the provider, so a change
+/// is pushed once and an unchanged pod costs nothing.
+pub const APPLIED_SPEC_ANNOTATION: &str = "outpost.dhnt.io/applied-spec";
+
 /// Prefix of a virtual node's name; the provider name follows.
 pub const VIRTUAL_NODE_PREFIX: &str = "nebula-";
 

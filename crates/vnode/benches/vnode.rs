@@ -11,7 +11,8 @@
 //!
 //! `VNODE_BENCH_STEADY_SECS` shortens the 60-second steady state for a quick look;
 //! `VNODE_BENCH_SIZES` (comma-separated) changes the sizes; `VNODE_BENCH_EVENTS=0` runs
-//! the manager without Kubernetes Events.
+//! the manager without Kubernetes Events; `VNODE_BENCH_SECRETS=0` with a provider that
+//! issues no connect credentials (no connect Secrets).
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
@@ -53,7 +54,13 @@ fn child(kubeconfig: &str) -> anyhow::Result<()> {
         let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
         let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
         let client = Client::try_from(config)?;
-        let provider = MemoryProvider::new("mem", Duration::from_secs(1));
+        let mut provider = MemoryProvider::new("mem", Duration::from_secs(1));
+        // VNODE_BENCH_SECRETS=0: no connect credentials, so no connect Secrets. The API
+        // double's garbage collector scans every object on every write, which with one
+        // owned Secret per pod makes the double itself slow at 10,000 pods.
+        if std::env::var("VNODE_BENCH_SECRETS").is_ok_and(|v| v == "0") {
+            provider = provider.without_credentials();
+        }
         let runner = Runner::new(
             client,
             Arc::new(provider),

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use sha2::{Digest, Sha256};
 
-use crate::provider::ProvisionRequest;
+use crate::provider::{ProvisionRequest, UpdateRequest};
 
 /// Prefix of every claim tag.
 pub const CLAIM_PREFIX: &str = "nebula-";
@@ -114,6 +114,64 @@ pub fn provision_request(pod: &Pod) -> Option<ProvisionRequest> {
     })
 }
 
+/// The mutable fields of `pod` ([`UpdateRequest`]): what a change pushed to its instance
+/// carries. `None` when the pod has no UID or no container.
+pub fn update_request(pod: &Pod) -> Option<UpdateRequest> {
+    let claim = claim_name(pod)?;
+    let spec = pod.spec.as_ref()?;
+    let c = spec.containers.first()?;
+    let own = format!("{}/", common::keys::DOMAIN);
+    Some(UpdateRequest {
+        claim,
+        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        annotations: pod
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| !k.starts_with(&own))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        image: c.image.clone().unwrap_or_default(),
+        active_deadline_seconds: spec.active_deadline_seconds,
+        tolerations: spec
+            .tolerations
+            .iter()
+            .flatten()
+            .map(|t| {
+                let mut s = t.key.clone().unwrap_or_default();
+                match (t.operator.as_deref(), &t.value) {
+                    (Some("Exists"), _) => s.push_str(":Exists"),
+                    (_, Some(v)) => {
+                        s.push('=');
+                        s.push_str(v);
+                    }
+                    _ => {}
+                }
+                s.push(':');
+                s.push_str(t.effect.as_deref().unwrap_or(""));
+                if let Some(secs) = t.toleration_seconds {
+                    s.push_str(&format!(" for {secs}s"));
+                }
+                s
+            })
+            .collect(),
+    })
+}
+
+/// A short fingerprint of an [`UpdateRequest`] (16 hex digits of a SHA-256 over its JSON):
+/// what the `applied-spec` annotation records, so "changed since it was applied" is one
+/// string comparison.
+pub fn spec_fingerprint(req: &UpdateRequest) -> String {
+    let bytes = serde_json::to_vec(req).unwrap_or_default();
+    hex::encode(&Sha256::digest(&bytes)[..8])
+}
+
+/// [`spec_fingerprint`] of `pod`'s mutable fields; `None` without UID or container.
+pub fn pod_spec_fingerprint(pod: &Pod) -> Option<String> {
+    update_request(pod).map(|r| spec_fingerprint(&r))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +204,40 @@ mod tests {
         assert_eq!(claim_name(&p), None);
         p.metadata.uid = None;
         assert_eq!(claim_name(&p), None);
+    }
+
+    #[test]
+    fn fingerprint_follows_mutable_fields_and_ignores_own_annotations() {
+        let mut p = pod("ns", "web", "u1");
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: vec![k8s_openapi::api::core::v1::Container {
+                name: "main".into(),
+                image: Some("a:1".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let base = pod_spec_fingerprint(&p).unwrap();
+        assert_eq!(base.len(), 16);
+        p.metadata.annotations = Some(
+            [(
+                common::keys::INSTANCE_ID_ANNOTATION.to_string(),
+                "i".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(pod_spec_fingerprint(&p).unwrap(), base);
+        p.metadata.labels = Some([("tier".to_string(), "web".to_string())].into());
+        let labelled = pod_spec_fingerprint(&p).unwrap();
+        assert_ne!(labelled, base);
+        if let Some(spec) = p.spec.as_mut() {
+            spec.containers[0].image = Some("a:2".into());
+        }
+        assert_ne!(pod_spec_fingerprint(&p).unwrap(), labelled);
+        let req = update_request(&p).unwrap();
+        assert_eq!(req.image, "a:2");
+        assert_eq!(req.labels.get("tier").map(String::as_str), Some("web"));
+        assert!(req.annotations.is_empty());
     }
 
     #[test]

@@ -18,17 +18,20 @@ pub enum CrashPoint {
     AfterProvision,
     /// The instance-id and endpoint annotations are written; the status is not.
     AfterMetadata,
+    /// The connect Secret is written; the Running status is not.
+    AfterSecret,
     /// The instance was terminated; the pod's final delete is not issued yet.
     AfterTerminate,
 }
 
 impl CrashPoint {
     /// Every crash point, in the order provisioning and deletion pass them.
-    pub const ALL: [CrashPoint; 5] = [
+    pub const ALL: [CrashPoint; 6] = [
         CrashPoint::BeforeProvision,
         CrashPoint::ProviderCreated,
         CrashPoint::AfterProvision,
         CrashPoint::AfterMetadata,
+        CrashPoint::AfterSecret,
         CrashPoint::AfterTerminate,
     ];
 
@@ -39,6 +42,7 @@ impl CrashPoint {
             CrashPoint::ProviderCreated => "provider-created",
             CrashPoint::AfterProvision => "after-provision",
             CrashPoint::AfterMetadata => "after-metadata",
+            CrashPoint::AfterSecret => "after-secret",
             CrashPoint::AfterTerminate => "after-terminate",
         }
     }

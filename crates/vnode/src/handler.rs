@@ -9,7 +9,18 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::claim::{claim_name, provision_request};
 use crate::crash::{self, CrashHook, CrashPoint};
 use crate::metrics::Metrics;
-use crate::provider::{Instance, Provider, ProviderError};
+use crate::provider::{Instance, Provider, ProviderError, UpdateRequest};
+
+/// What the handler keeps per tracked claim.
+#[derive(Clone, Debug)]
+struct Entry {
+    /// The provider's instance id.
+    id: String,
+    /// The epoch it was recorded in.
+    epoch: u64,
+    /// Whether the pod's connect Secret is known to exist (or the provider issues none).
+    secret: bool,
+}
 
 /// Why [`Handler::get`] has no instance to give.
 #[derive(Debug, thiserror::Error)]
@@ -92,8 +103,10 @@ pub struct Handler {
     /// the same name never share an entry.
     /// Each entry carries the epoch it was recorded in, so the notify loop can tell an
     /// instance recorded after its list was taken from one that vanished.
-    tracked: Mutex<HashMap<String, (String, u64)>>,
+    tracked: Mutex<HashMap<String, Entry>>,
     epoch: std::sync::atomic::AtomicU64,
+    /// Claims whose instance is being updated.
+    updating: Mutex<std::collections::HashSet<String>>,
     /// `namespace/name` -> claim of every pod this handler has looked up or created: the
     /// kubelet API only has the pod's name, and the claim needs its UID.
     names: Mutex<HashMap<String, String>>,
@@ -130,6 +143,7 @@ impl Handler {
             names: Mutex::default(),
             cold: tokio::sync::Mutex::new(None),
             epoch: std::sync::atomic::AtomicU64::new(0),
+            updating: Mutex::default(),
             crash,
             metrics,
         }
@@ -147,7 +161,7 @@ impl Handler {
 
     /// The instance id tracked for `claim`, if any.
     pub fn tracked(&self, claim: &str) -> Option<String> {
-        lock(&self.tracked).get(claim).map(|(id, _)| id.clone())
+        lock(&self.tracked).get(claim).map(|e| e.id.clone())
     }
 
     /// The current epoch: entries recorded from now on carry a larger one.
@@ -157,12 +171,66 @@ impl Handler {
 
     /// The instance id tracked for `claim` and the epoch it was recorded in.
     pub fn tracked_with_epoch(&self, claim: &str) -> Option<(String, u64)> {
-        lock(&self.tracked).get(claim).cloned()
+        lock(&self.tracked)
+            .get(claim)
+            .map(|e| (e.id.clone(), e.epoch))
     }
 
     fn record(&self, claim: String, id: String) {
         let epoch = self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-        lock(&self.tracked).insert(claim, (id, epoch));
+        let mut tracked = lock(&self.tracked);
+        // The same instance recorded again (an update that kept its id) keeps what is
+        // known of its Secret.
+        let secret = tracked.get(&claim).is_some_and(|e| e.id == id && e.secret);
+        tracked.insert(claim, Entry { id, epoch, secret });
+    }
+
+    /// Whether the connect Secret of `claim` is known to be written (or not needed).
+    pub fn secret_written(&self, claim: &str) -> bool {
+        lock(&self.tracked).get(claim).is_some_and(|e| e.secret)
+    }
+
+    /// Notes that the connect Secret of `claim`'s instance `id` exists (or is not needed),
+    /// so it is not looked at again while this manager runs.
+    pub fn mark_secret_written(&self, claim: &str, id: &str) {
+        if let Some(e) = lock(&self.tracked).get_mut(claim)
+            && e.id == id
+        {
+            e.secret = true;
+        }
+    }
+
+    /// Pushes a change of the pod's mutable fields to its instance `instance_id`, and
+    /// records the instance id the provider answers (a change may replace the instance,
+    /// as the process provider's restart on an image change does).
+    pub async fn update(
+        &self,
+        instance_id: &str,
+        req: &UpdateRequest,
+    ) -> Result<Instance, ProviderError> {
+        // While the provider works on it the instance may be briefly absent from its list
+        // (a restart between two processes): the notify loop must not take that for a
+        // vanished instance.
+        lock(&self.updating).insert(req.claim.clone());
+        let result = self.provider.update(instance_id, req).await;
+        if let Ok(instance) = &result {
+            // Recorded again even with the same id: the new epoch makes the notify loop
+            // ignore lists taken while the update ran.
+            self.record(req.claim.clone(), instance.id.clone());
+        }
+        lock(&self.updating).remove(&req.claim);
+        let instance = result.inspect_err(|e| {
+            if !matches!(e, ProviderError::Unsupported(_)) {
+                Metrics::inc(&self.metrics.provider_errors);
+            }
+        })?;
+        Metrics::inc(&self.metrics.updates);
+        Ok(instance)
+    }
+
+    /// Whether an update of `claim`'s instance is in flight.
+    pub fn updating(&self, claim: &str) -> bool {
+        lock(&self.updating).contains(claim)
     }
 
     /// Whether this handler tracks the pod `namespace/name` with this claim: what the

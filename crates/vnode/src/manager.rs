@@ -21,7 +21,7 @@ use crate::providers::process::{ProcessProvider, StateDirError};
 use crate::runner::Runner;
 
 /// Environment switch for crash tests: the manager SIGKILLs itself at this crash point
-/// (`before-provision`, `provider-created`, `after-provision`, `after-metadata`,
+/// (`before-provision`, `provider-created`, `after-provision`, `after-metadata`, `after-secret`,
 /// `after-terminate`). Never set it in production.
 pub const CRASH_ENV: &str = "NEBULA_MANAGER_CRASH_AT";
 /// Default probe listener of `nebula-manager run`.

@@ -26,6 +26,12 @@ pub struct Metrics {
     pub status_writes: Counter,
     /// Pod metadata writes (instance id, endpoint).
     pub metadata_writes: Counter,
+    /// Changes of pods' mutable fields applied by the provider.
+    pub updates: Counter,
+    /// Changes of pods' mutable fields the provider could not apply.
+    pub updates_refused: Counter,
+    /// Connect Secrets written.
+    pub connect_secrets: Counter,
     /// Pods on the virtual nodes by phase (`phase` label).
     pub pods: Family<PhaseLabels, Gauge>,
     /// Provider runners currently leading (holding their lease, or not elected).
@@ -86,6 +92,21 @@ impl Metrics {
             "pod_metadata_writes",
             "Pod metadata writes (instance id, endpoint)",
             self.metadata_writes.clone(),
+        );
+        r.register(
+            "updates",
+            "Changes of pods' mutable fields applied by the provider",
+            self.updates.clone(),
+        );
+        r.register(
+            "updates_refused",
+            "Changes of pods' mutable fields the provider could not apply",
+            self.updates_refused.clone(),
+        );
+        r.register(
+            "connect_secrets",
+            "Connect Secrets written",
+            self.connect_secrets.clone(),
         );
         r.register(
             "pods",

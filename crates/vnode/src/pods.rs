@@ -7,28 +7,36 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Toleration};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, Secret, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Event as KEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::blocklist::Blocklist;
-use crate::claim::{claim_name, pod_key};
+use crate::claim::{claim_name, connect_secret, connect_secret_name, pod_key, update_request};
 use crate::crash::CrashPoint;
+use crate::events::EventType;
 use crate::handler::{DeleteError, Handler, LookupError};
 use crate::metrics::Metrics;
-use crate::provider::{Instance, ProviderError};
+use crate::provider::{Instance, InstanceState, ProviderError};
+use crate::slim::SlimPod;
 use crate::status::{self, Observed};
 
 /// How long a refusing provider (or capacity type) is skipped by placement.
 pub const DEFAULT_BLOCK_TTL: Duration = Duration::from_secs(300);
+/// Pod condition reporting whether the last change of the pod's mutable fields reached
+/// its instance (`False` with reason `UpdateUnsupported` or `UpdateFailed` when the
+/// provider could not apply it).
+pub const SPEC_APPLIED_CONDITION: &str = "outpost.dhnt.io/SpecApplied";
+/// The stored (pruned) copy of a pod carries the fingerprint of its mutable fields under
+/// this key, computed before pruning drops labels and annotations. Never written to the API.
+const DESIRED_SPEC_KEY: &str = "outpost.dhnt.io/desired-spec";
 const WORKERS: usize = 32;
 const NOTIFY_CONCURRENCY: usize = 16;
 
@@ -65,16 +73,22 @@ enum SyncError {
     },
     #[error(transparent)]
     Delete(#[from] DeleteError),
+    #[error("asking the provider for the connect credential of pod {pod}")]
+    Credential {
+        pod: String,
+        #[source]
+        source: ProviderError,
+    },
 }
 
 struct Ctx {
     client: Client,
     handler: Arc<Handler>,
-    store: Store<Pod>,
+    store: Store<SlimPod>,
     queue: crate::queue::Queue,
     cfg: PodControllerConfig,
     metrics: Arc<Metrics>,
-    recorder: Option<Recorder>,
+    events: Option<crate::events::Publisher>,
     node: String,
     poll: Duration,
     cancel: CancellationToken,
@@ -91,23 +105,18 @@ pub async fn run_pods(
     let provider = handler.provider().clone();
     let node = common::keys::virtual_node_name(provider.name());
     let poll = provider.capabilities().poll_interval;
-    let api: Api<Pod> = Api::all(client.clone());
+    // Decoded as SlimPod: the fields the controller never reads are skipped while parsing.
+    let api: Api<SlimPod> = Api::all(client.clone());
     let (store, writer) = reflector::store();
     let watch = watcher::watcher(
         api,
         watcher::Config::default().fields(&format!("spec.nodeName={node}")),
     )
     .default_backoff()
-    .modify(prune);
-    let recorder = cfg.events.then(|| {
-        Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "nebula-manager".into(),
-                instance: Some(node.clone()),
-            },
-        )
-    });
+    .modify(|p| p.prune(&OWN_ANNOTATIONS, DESIRED_SPEC_KEY));
+    let events = cfg
+        .events
+        .then(|| crate::events::Publisher::new(client.clone(), "nebula-manager", &node));
     let ctx = Arc::new(Ctx {
         client,
         handler,
@@ -115,7 +124,7 @@ pub async fn run_pods(
         queue: crate::queue::Queue::new(),
         cfg,
         metrics,
-        recorder,
+        events,
         node: node.clone(),
         poll,
         cancel: cancel.clone(),
@@ -156,8 +165,11 @@ pub async fn run_pods(
             ev = events.next() => ev,
         };
         match ev {
-            Some(Ok(Event::Apply(pod) | Event::InitApply(pod))) => ctx.queue.add(&pod_key(&pod)),
+            Some(Ok(Event::Apply(pod) | Event::InitApply(pod))) => {
+                ctx.queue.add(&pod_key(&pod.to_pod()));
+            }
             Some(Ok(Event::Delete(pod))) => {
+                let pod = pod.to_pod();
                 // Gone from the API (our final delete, or a force delete): an instance
                 // still tracked for it must not outlive it.
                 let ctx = ctx.clone();
@@ -182,62 +194,13 @@ pub async fn run_pods(
     while tasks.join_next().await.is_some() {}
 }
 
-/// Keeps only what the controller reads, so each tracked pod costs little memory: the
-/// identity and version, this crate's annotations, the first container's shape and the
-/// status fields it compares. (Re-gating reads the full pod from the API.)
-fn prune(pod: &mut Pod) {
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    meta.labels = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    meta.generate_name = None;
-    meta.creation_timestamp = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.retain(|k, _| {
-            k == common::keys::INSTANCE_ID_ANNOTATION
-                || k == common::keys::ENDPOINT_ANNOTATION
-                || k == common::keys::CAPACITY_TYPE_ANNOTATION
-        });
-    }
-    if let Some(spec) = pod.spec.as_mut() {
-        let first =
-            spec.containers
-                .drain(..)
-                .next()
-                .map(|c| k8s_openapi::api::core::v1::Container {
-                    name: c.name,
-                    image: c.image,
-                    command: c.command,
-                    args: c.args,
-                    env: c.env,
-                    working_dir: c.working_dir,
-                    // The provider keeps a stdin open / runs a terminal for these.
-                    stdin: c.stdin,
-                    tty: c.tty,
-                    ..Default::default()
-                });
-        *spec = k8s_openapi::api::core::v1::PodSpec {
-            containers: first.into_iter().collect(),
-            node_name: spec.node_name.take(),
-            ..Default::default()
-        };
-    }
-    if let Some(st) = pod.status.as_mut() {
-        st.host_ip = None;
-        st.host_ips = None;
-        st.pod_ips = None;
-        st.init_container_statuses = None;
-        st.ephemeral_container_statuses = None;
-        st.resource_claim_statuses = None;
-        if let Some(cs) = st.conditions.as_mut() {
-            for c in cs {
-                c.last_probe_time = None;
-                c.message = None;
-            }
-        }
-    }
-}
+/// The annotations the stored copy of a pod keeps.
+const OWN_ANNOTATIONS: [&str; 4] = [
+    common::keys::INSTANCE_ID_ANNOTATION,
+    common::keys::ENDPOINT_ANNOTATION,
+    common::keys::CAPACITY_TYPE_ANNOTATION,
+    common::keys::APPLIED_SPEC_ANNOTATION,
+];
 
 fn pods_api(client: &Client, pod: &Pod) -> Api<Pod> {
     Api::namespaced(
@@ -262,7 +225,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<(), SyncError> {
     let Some(pod) = ctx.store.get(&ObjectRef::new(name).within(ns)) else {
         return Ok(());
     };
-    let pod = (*pod).clone();
+    let pod = pod.to_pod();
     if pod.metadata.deletion_timestamp.is_some() {
         return delete_pod(ctx, &pod).await;
     }
@@ -276,13 +239,20 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<(), SyncError> {
                 publish(
                     ctx,
                     &pod,
+                    EventType::Normal,
                     "Readopted",
                     format!("re-adopted instance {}", found.instance_id),
                 )
                 .await;
             }
             if let Ok(Some(instance)) = ctx.handler.provider().status(&found.instance_id).await {
-                write_observed(ctx, &pod, &Observed::Instance(&instance)).await?;
+                write_observed(ctx, &pod, &Observed::Instance(&instance), None).await?;
+            }
+            let annotations = pod.metadata.annotations.as_ref();
+            let desired = annotations.and_then(|a| a.get(DESIRED_SPEC_KEY));
+            let applied = annotations.and_then(|a| a.get(common::keys::APPLIED_SPEC_ANNOTATION));
+            if desired.is_some() && desired != applied {
+                push_update(ctx, &pod, &found.instance_id).await?;
             }
             Ok(())
         }
@@ -296,7 +266,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<(), SyncError> {
                 warn!(
                     "the pod's instance no longer exists at the provider: marking the pod Failed"
                 );
-                write_observed(ctx, &pod, &Observed::Vanished).await?;
+                write_observed(ctx, &pod, &Observed::Vanished, None).await?;
                 return Ok(());
             }
             create_pod(ctx, &pod).await
@@ -318,11 +288,15 @@ async fn create_pod(ctx: &Ctx, pod: &Pod) -> Result<(), SyncError> {
             publish(
                 ctx,
                 pod,
+                EventType::Normal,
                 "Provisioned",
                 format!("provisioned instance {} on {provider}", instance.id),
             )
             .await;
-            write_observed(ctx, pod, &Observed::Instance(&instance)).await
+            // What was provisioned is this snapshot's mutable fields: recorded with the
+            // instance id, so only a later change is pushed as an update.
+            let applied = annotation(pod, DESIRED_SPEC_KEY).map(str::to_string);
+            write_observed(ctx, pod, &Observed::Instance(&instance), applied.as_deref()).await
         }
         Err(ProviderError::Refused { scope, reason }) => {
             info!(%reason, ?scope, "provider refused the pod: blocking it and re-gating the pod for the next candidate");
@@ -336,7 +310,7 @@ async fn create_pod(ctx: &Ctx, pod: &Pod) -> Result<(), SyncError> {
             reason,
         }) => {
             warn!(%reason, "provisioning failed for good: marking the pod Failed");
-            write_observed(ctx, pod, &Observed::ProvisionFailed(&reason)).await
+            write_observed(ctx, pod, &Observed::ProvisionFailed(&reason), None).await
         }
         Err(e) => {
             warn!(error = %e, "provisioning failed; retrying");
@@ -346,14 +320,29 @@ async fn create_pod(ctx: &Ctx, pod: &Pod) -> Result<(), SyncError> {
     }
 }
 
-/// Writes the instance's metadata first, then its status, each with the resourceVersion
-/// it read; nothing when the pod already says it.
-async fn write_observed(ctx: &Ctx, pod: &Pod, observed: &Observed<'_>) -> Result<(), SyncError> {
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// Writes the instance's metadata first (with `applied`, the fingerprint of the mutable
+/// fields it was given, when set), then its connect Secret if the pod is about to be
+/// reported Running, then its status, each write with the resourceVersion it read;
+/// nothing when the pod already says it.
+async fn write_observed(
+    ctx: &Ctx,
+    pod: &Pod,
+    observed: &Observed<'_>,
+    applied: Option<&str>,
+) -> Result<(), SyncError> {
     let api = pods_api(&ctx.client, pod);
     let name = pod.metadata.name.clone().unwrap_or_default();
     let mut current = pod.clone();
     if let Observed::Instance(instance) = observed
-        && let Some(patch) = status::metadata_patch(&current, instance)
+        && let Some(patch) = status::metadata_patch_applied(&current, instance, applied)
     {
         current = api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -362,12 +351,242 @@ async fn write_observed(ctx: &Ctx, pod: &Pod, observed: &Observed<'_>) -> Result
         Metrics::inc(&ctx.metrics.metadata_writes);
         ctx.handler.crash_at(CrashPoint::AfterMetadata).await;
     }
+    if let Observed::Instance(instance) = observed
+        && instance.state == InstanceState::Running
+    {
+        ensure_connect_secret(ctx, &current, instance).await?;
+    }
     if let Some(patch) = status::status_patch(&current, observed, Timestamp::now()) {
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(api_err("writing the status of", pod))?;
         Metrics::inc(&ctx.metrics.status_writes);
     }
+    Ok(())
+}
+
+/// Makes sure the pod's connect Secret holds the credential its instance's provider
+/// issues, before the pod is reported Running. Once per instance while this manager runs;
+/// after a restart one read finds a Secret written before the crash, so it is created
+/// exactly once. The credential is never logged.
+async fn ensure_connect_secret(ctx: &Ctx, pod: &Pod, instance: &Instance) -> Result<(), SyncError> {
+    let Some(claim) = claim_name(pod) else {
+        return Ok(());
+    };
+    if ctx.handler.secret_written(&claim) {
+        return Ok(());
+    }
+    let key = pod_key(pod);
+    let credential = match ctx
+        .handler
+        .provider()
+        .connect_credential(&instance.id)
+        .await
+    {
+        Ok(Some(c)) => c,
+        Ok(None) => {
+            ctx.handler.mark_secret_written(&claim, &instance.id);
+            return Ok(());
+        }
+        Err(source) => {
+            Metrics::inc(&ctx.metrics.provider_errors);
+            return Err(SyncError::Credential { pod: key, source });
+        }
+    };
+    let name = connect_secret_name(pod.metadata.name.as_deref().unwrap_or_default());
+    let api: Api<Secret> = Api::namespaced(
+        ctx.client.clone(),
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+    );
+    let owned_by_pod = |s: &Secret| {
+        s.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "Pod" && Some(&o.uid) == pod.metadata.uid.as_ref())
+    };
+    match api
+        .get_opt(&name)
+        .await
+        .map_err(api_err("reading the connect Secret of", pod))?
+    {
+        Some(existing) if owned_by_pod(&existing) => {
+            ctx.handler.mark_secret_written(&claim, &instance.id);
+            return Ok(());
+        }
+        Some(stale) => {
+            // An earlier pod of the same name owned it and the garbage collector has not
+            // removed it yet: it holds that pod's credential, not this one's.
+            info!(secret = %name, "replacing a connect Secret left by an earlier pod of the same name");
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: stale.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(source) => {
+                    return Err(SyncError::Api {
+                        what: "deleting a stale connect Secret of",
+                        pod: key,
+                        source,
+                    });
+                }
+            }
+        }
+        None => {}
+    }
+    let Some(secret) = connect_secret(pod, credential.values().clone()) else {
+        return Ok(());
+    };
+    api.create(&PostParams::default(), &secret)
+        .await
+        .map_err(api_err("creating the connect Secret of", pod))?;
+    Metrics::inc(&ctx.metrics.connect_secrets);
+    ctx.handler.mark_secret_written(&claim, &instance.id);
+    ctx.handler.crash_at(CrashPoint::AfterSecret).await;
+    Ok(())
+}
+
+/// Pushes a change of the pod's mutable fields to its instance, then records it on the
+/// pod (`applied-spec`, with the resourceVersion read). A provider that cannot apply it
+/// gets the change recorded as handled all the same, with a `SpecApplied=False` condition
+/// and a Warning Event saying why: retrying would only repeat the refusal.
+async fn push_update(ctx: &Ctx, pruned: &Pod, instance_id: &str) -> Result<(), SyncError> {
+    let api = pods_api(&ctx.client, pruned);
+    let name = pruned.metadata.name.clone().unwrap_or_default();
+    // The store holds a pruned copy without labels and annotations; the request needs them.
+    let full = api.get(&name).await.map_err(api_err("reading", pruned))?;
+    if full.metadata.uid != pruned.metadata.uid || full.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let Some(req) = update_request(&full) else {
+        return Ok(());
+    };
+    let fp = crate::claim::spec_fingerprint(&req);
+    if annotation(&full, common::keys::APPLIED_SPEC_ANNOTATION) == Some(fp.as_str()) {
+        // Handled already; the store had not seen that write yet.
+        return Ok(());
+    }
+    let refusal = match ctx.handler.update(instance_id, &req).await {
+        Ok(instance) => {
+            info!(instance = %instance.id, "change of the pod's mutable fields applied by the provider");
+            let patched = match status::metadata_patch_applied(&full, &instance, Some(&fp)) {
+                Some(patch) => {
+                    let p = api
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(api_err("recording the applied change of", pruned))?;
+                    Metrics::inc(&ctx.metrics.metadata_writes);
+                    p
+                }
+                None => full,
+            };
+            publish(
+                ctx,
+                pruned,
+                EventType::Normal,
+                "Updated",
+                format!("applied the pod's changed labels, annotations, image, deadline or tolerations to instance {}", instance.id),
+            )
+            .await;
+            // After an earlier refusal, say that this change went through.
+            if has_condition(&patched, SPEC_APPLIED_CONDITION) {
+                write_spec_condition(
+                    ctx,
+                    &patched,
+                    true,
+                    "Applied",
+                    "the last change reached the instance",
+                )
+                .await?;
+            }
+            return Ok(());
+        }
+        Err(ProviderError::Unreachable { reason }) => {
+            warn!(%reason, "provider unreachable: the pod's change is not applied yet; retrying");
+            ctx.queue.add_after(&pod_key(pruned), ctx.poll, &ctx.cancel);
+            return Ok(());
+        }
+        Err(ProviderError::Unsupported(what)) => (
+            "UpdateUnsupported",
+            format!(
+                "provider {} does not support {what}: the instance keeps running as provisioned; delete and re-create the pod to apply the change",
+                ctx.handler.provider().name()
+            ),
+        ),
+        Err(e) => (
+            "UpdateFailed",
+            format!(
+                "applying the pod's change failed: {}; the instance keeps what it had; change the pod again to retry",
+                crate::chain(&e)
+            ),
+        ),
+    };
+    let (reason, message) = refusal;
+    warn!(reason, %message, "the provider did not apply the pod's change");
+    Metrics::inc(&ctx.metrics.updates_refused);
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": full.metadata.resource_version,
+        "annotations": {common::keys::APPLIED_SPEC_ANNOTATION: fp},
+    }});
+    let patched = api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(api_err("recording the refused change of", pruned))?;
+    Metrics::inc(&ctx.metrics.metadata_writes);
+    publish(ctx, pruned, EventType::Warning, reason, message.clone()).await;
+    write_spec_condition(ctx, &patched, false, reason, &message).await
+}
+
+fn has_condition(pod: &Pod, type_: &str) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_))
+}
+
+/// Sets the `SpecApplied` condition (the whole list is written: a merge patch replaces
+/// lists), with the resourceVersion of `pod`.
+async fn write_spec_condition(
+    ctx: &Ctx,
+    pod: &Pod,
+    ok: bool,
+    reason: &str,
+    message: &str,
+) -> Result<(), SyncError> {
+    let mut conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    conditions.retain(|c| c.type_ != SPEC_APPLIED_CONDITION);
+    conditions.push(PodCondition {
+        type_: SPEC_APPLIED_CONDITION.to_string(),
+        status: if ok { "True" } else { "False" }.to_string(),
+        reason: Some(reason.to_string()),
+        message: Some(message.to_string()),
+        last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::now(),
+        )),
+        ..PodCondition::default()
+    });
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": pod.metadata.resource_version},
+        "status": {"conditions": conditions},
+    });
+    pods_api(&ctx.client, pod)
+        .patch_status(
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(api_err("writing the SpecApplied condition of", pod))?;
+    Metrics::inc(&ctx.metrics.status_writes);
     Ok(())
 }
 
@@ -477,18 +696,11 @@ async fn regate(ctx: &Ctx, pruned: &Pod) -> Result<(), SyncError> {
     }
 }
 
-async fn publish(ctx: &Ctx, pod: &Pod, reason: &str, note: String) {
-    let Some(recorder) = &ctx.recorder else {
+async fn publish(ctx: &Ctx, pod: &Pod, type_: EventType, reason: &str, note: String) {
+    let Some(events) = &ctx.events else {
         return;
     };
-    let ev = KEvent {
-        type_: EventType::Normal,
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&ev, &pod.object_ref(&())).await {
+    if let Err(e) = events.publish(pod, type_, reason, &note).await {
         debug!(error = %e, "publishing an event failed");
     }
 }
@@ -523,8 +735,11 @@ async fn notify_loop(ctx: Arc<Ctx>) {
         let pods = ctx.store.state();
         let mut live_claims = HashSet::new();
         let mut phases = [0i64; 4];
-        let mut writes: Vec<(Arc<Pod>, Option<&Instance>)> = Vec::new();
-        for pod in &pods {
+        // The stored (slim) pods, not Pods built from them: at a mass transition (every pod
+        // turning Running at once) this list holds every pod, and Pods are kilobytes each.
+        let mut writes: Vec<(Arc<SlimPod>, Option<&Instance>)> = Vec::new();
+        for slim in &pods {
+            let pod = &slim.to_pod();
             let Some(claim) = claim_name(pod) else {
                 continue;
             };
@@ -543,34 +758,38 @@ async fn notify_loop(ctx: Arc<Ctx>) {
                 continue;
             };
             match by_claim.get(claim.as_str()) {
+                // An update in flight may be restarting the instance: its listed state is
+                // about to be stale.
+                _ if ctx.handler.updating(&claim) => {}
                 Some(instance) if instance.id == id => {
                     // Only pods whose status would change are written (steady state: none).
                     let observed = Observed::Instance(instance);
                     if status::metadata_patch(pod, instance).is_some()
                         || status::status_patch(pod, &observed, Timestamp::now()).is_some()
                     {
-                        writes.push((pod.clone(), Some(*instance)));
+                        writes.push((slim.clone(), Some(*instance)));
                     }
                 }
                 _ if recorded > epoch => {}
                 _ => {
                     warn!(node = %ctx.node, pod = %pod_key(pod), instance = %id, "instance vanished: marking the pod Failed");
                     ctx.handler.forget(&claim);
-                    writes.push((pod.clone(), None));
+                    writes.push((slim.clone(), None));
                 }
             }
         }
         // Writes of different pods go out concurrently; each pod's own writes stay ordered
         // (metadata, then status).
         futures::stream::iter(writes)
-            .for_each_concurrent(NOTIFY_CONCURRENCY, |(pod, instance)| {
+            .for_each_concurrent(NOTIFY_CONCURRENCY, |(slim, instance)| {
                 let ctx = &ctx;
                 async move {
+                    let pod = slim.to_pod();
                     let observed = match instance {
                         Some(i) => Observed::Instance(i),
                         None => Observed::Vanished,
                     };
-                    if let Err(e) = write_observed(ctx, &pod, &observed).await
+                    if let Err(e) = write_observed(ctx, &pod, &observed, None).await
                         && !is_conflict(&e)
                     {
                         warn!(node = %ctx.node, error = %crate::chain(&e), "status write failed; next round retries");

@@ -198,6 +198,95 @@ pub trait Provider: Send + Sync + 'static {
     fn attacher(&self) -> Option<&dyn Attacher> {
         None
     }
+    /// Applies a change of the pod's mutable fields ([`UpdateRequest`]) to its instance and
+    /// answers the instance as it is afterwards (its id may change, for example when the
+    /// change restarts it). Idempotent: the same request twice changes nothing the second
+    /// time. A provider that cannot apply a change answers
+    /// [`ProviderError::Unsupported`] (the default), and the pod controller reports that on
+    /// the pod instead of retrying.
+    fn update<'a>(
+        &'a self,
+        instance_id: &'a str,
+        req: &'a UpdateRequest,
+    ) -> BoxFuture<'a, Result<Instance, ProviderError>> {
+        let _ = (instance_id, req);
+        Box::pin(async { Err(ProviderError::Unsupported("updating a running instance")) })
+    }
+    /// What a client needs to connect to the instance (a token, a key, a password), which
+    /// the pod controller writes to the pod's connect Secret before it reports the pod
+    /// Running. `Ok(None)` (the default): this provider issues no credential and no Secret
+    /// is written. Asked again after a restart, it must answer the same credential.
+    fn connect_credential<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ConnectCredential>, ProviderError>> {
+        let _ = instance_id;
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// The mutable fields of a pod, as kube-apiserver lets them change on a pod that exists
+/// (`ValidatePodUpdate`): labels, annotations, the container image, `activeDeadlineSeconds`
+/// and added tolerations. Command, args, env and working directory cannot change, so they
+/// are not here. Annotations under `outpost.dhnt.io/` are this crate's own bookkeeping and
+/// are left out.
+#[derive(Clone, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct UpdateRequest {
+    /// The claim of the instance.
+    pub claim: String,
+    /// The pod's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The pod's annotations, without `outpost.dhnt.io/` ones.
+    pub annotations: BTreeMap<String, String>,
+    /// The first container's image.
+    pub image: String,
+    /// `spec.activeDeadlineSeconds`.
+    pub active_deadline_seconds: Option<i64>,
+    /// `spec.tolerations`, each as `key[=value|:Exists]:effect` (for example
+    /// `dedicated=gpu:NoSchedule`).
+    pub tolerations: Vec<String>,
+}
+
+/// A credential for connecting to an instance: named values (for example `token`,
+/// `endpoint`), stored in the pod's connect Secret. Its `Debug` shows the names only, and
+/// the values are wiped from memory when it is dropped.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ConnectCredential {
+    values: BTreeMap<String, String>,
+}
+
+impl ConnectCredential {
+    /// An empty credential.
+    pub fn new() -> ConnectCredential {
+        ConnectCredential::default()
+    }
+
+    /// Adds a named value.
+    pub fn with(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.values.insert(name.into(), value.into());
+        self
+    }
+
+    /// The named values.
+    pub fn values(&self) -> &BTreeMap<String, String> {
+        &self.values
+    }
+}
+
+impl std::fmt::Debug for ConnectCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectCredential")
+            .field("names", &self.values.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ConnectCredential {
+    fn drop(&mut self) {
+        for v in std::mem::take(&mut self.values).into_values() {
+            zeroize::Zeroize::zeroize(&mut v.into_bytes());
+        }
+    }
 }
 
 /// A byte stream read by the kubelet API.

@@ -13,6 +13,10 @@ use serde_json::{Value, json};
 
 use crate::provider::{Instance, InstanceState};
 
+/// The pod condition types this crate computes; any other condition on a pod (a readiness
+/// gate's, [`crate::pods::SPEC_APPLIED_CONDITION`]) is carried over as it is.
+pub const OWNED_CONDITIONS: [&str; 4] = ["PodScheduled", "Initialized", "ContainersReady", "Ready"];
+
 /// Pod `status.reason` when the instance behind a pod disappeared.
 pub const REASON_VANISHED: &str = "InstanceVanished";
 /// Pod `status.reason` when the provider reports the instance failed.
@@ -47,8 +51,25 @@ pub fn desired_annotations(instance: &Instance) -> BTreeMap<String, String> {
 /// A JSON merge patch of the pod's metadata setting the annotations of `instance`, carrying
 /// the resourceVersion it was computed from; `None` when the pod already has them.
 pub fn metadata_patch(pod: &Pod, instance: &Instance) -> Option<Value> {
-    let have = pod.metadata.annotations.clone().unwrap_or_default();
-    let want = desired_annotations(instance);
+    metadata_patch_applied(pod, instance, None)
+}
+
+/// [`metadata_patch`], also recording `applied` (the fingerprint of the mutable fields the
+/// instance was given) in the applied-spec annotation when set.
+pub fn metadata_patch_applied(
+    pod: &Pod,
+    instance: &Instance,
+    applied: Option<&str>,
+) -> Option<Value> {
+    let empty = BTreeMap::new();
+    let have = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let mut want = desired_annotations(instance);
+    if let Some(fp) = applied {
+        want.insert(
+            common::keys::APPLIED_SPEC_ANNOTATION.to_string(),
+            fp.to_string(),
+        );
+    }
     let stale_endpoint =
         instance.endpoint.is_none() && have.contains_key(common::keys::ENDPOINT_ANNOTATION);
     if want.iter().all(|(k, v)| have.get(k) == Some(v)) && !stale_endpoint {
@@ -195,12 +216,23 @@ pub fn desired_status(pod: &Pod, observed: &Observed<'_>, now: Timestamp) -> Pod
         pod_ip: ip.clone(),
         pod_ips: ip.map(|ip| vec![PodIP { ip }]),
         start_time: Some(start_time),
-        conditions: Some(vec![
-            condition("PodScheduled", true, &now, old),
-            condition("Initialized", true, &now, old),
-            condition("ContainersReady", running, &now, old),
-            condition("Ready", running, &now, old),
-        ]),
+        conditions: Some({
+            let mut cs = vec![
+                condition("PodScheduled", true, &now, old),
+                condition("Initialized", true, &now, old),
+                condition("ContainersReady", running, &now, old),
+                condition("Ready", running, &now, old),
+            ];
+            // A merge patch replaces the whole list: keep what others wrote.
+            cs.extend(
+                old.and_then(|s| s.conditions.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| !OWNED_CONDITIONS.contains(&c.type_.as_str()))
+                    .cloned(),
+            );
+            cs
+        }),
         container_statuses: Some(vec![ContainerStatus {
             name: container.0,
             image: container.1,
@@ -373,6 +405,45 @@ mod tests {
         );
         p.metadata.annotations = Some(desired_annotations(&i));
         assert_eq!(metadata_patch(&p, &i), None);
+    }
+
+    #[test]
+    fn conditions_of_others_are_kept_and_compared() {
+        let mut p = pod();
+        let i = inst(InstanceState::Running);
+        let now = Timestamp::now();
+        let mut st = desired_status(&p, &Observed::Instance(&i), now);
+        st.conditions
+            .get_or_insert_with(Vec::new)
+            .push(PodCondition {
+                type_: "example.com/gate".into(),
+                status: "False".into(),
+                message: Some("kept".into()),
+                ..PodCondition::default()
+            });
+        p.status = Some(st);
+        assert_eq!(status_patch(&p, &Observed::Instance(&i), now), None);
+        let exited = inst(InstanceState::Exited { code: 0 });
+        let patch = status_patch(&p, &Observed::Instance(&exited), now).unwrap();
+        let conds = patch["status"]["conditions"].as_array().unwrap();
+        assert!(
+            conds
+                .iter()
+                .any(|c| c["type"] == "example.com/gate" && c["message"] == "kept")
+        );
+    }
+
+    #[test]
+    fn applied_fingerprint_rides_on_the_metadata_patch() {
+        let mut p = pod();
+        let i = inst(InstanceState::Running);
+        p.metadata.annotations = Some(desired_annotations(&i));
+        assert_eq!(metadata_patch_applied(&p, &i, None), None);
+        let patch = metadata_patch_applied(&p, &i, Some("abc")).unwrap();
+        assert_eq!(
+            patch["metadata"]["annotations"][common::keys::APPLIED_SPEC_ANNOTATION],
+            "abc"
+        );
     }
 
     #[test]

@@ -1,6 +1,10 @@
 //! An in-memory provider for tests and benchmarks, with fault injection: latency,
-//! refusals, an unreachable `list`, a failing health check and a crash point between
-//! creating an instance and answering.
+//! refusals, an unreachable `list`, a failing health check, updates it cannot apply and a
+//! crash point between creating an instance and answering.
+//!
+//! Each instance gets a random connect token at creation ([`Provider::connect_credential`]
+//! answers it with the instance's endpoint), and every [`Provider::update`] is recorded
+//! ([`MemoryProvider::updates`]); an update changes nothing else of the instance.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,7 +16,8 @@ use futures::future::BoxFuture;
 
 use crate::crash::{CrashHook, CrashPoint};
 use crate::provider::{
-    BlockScope, Capabilities, Instance, InstanceState, Provider, ProviderError, ProvisionRequest,
+    BlockScope, Capabilities, ConnectCredential, Instance, InstanceState, Provider, ProviderError,
+    ProvisionRequest, UpdateRequest,
 };
 
 /// Faults currently injected. Change them at any time through [`MemoryProvider::faults`].
@@ -28,6 +33,11 @@ pub struct Faults {
     pub unreachable: bool,
     /// `health` fails.
     pub unhealthy: bool,
+    /// `update` answers [`ProviderError::Unsupported`] (a provider that cannot apply
+    /// changes to a running instance).
+    pub update_unsupported: bool,
+    /// `update` answers [`ProviderError::Failed`] with this reason.
+    pub update_fails: Option<String>,
 }
 
 /// Counters of what was asked, for assertions.
@@ -41,12 +51,20 @@ pub struct Calls {
     pub lists: AtomicU64,
     /// `provision` calls, including idempotent ones and refusals.
     pub provisions: AtomicU64,
+    /// `update` calls, including refused ones.
+    pub updates: AtomicU64,
+    /// `connect_credential` calls.
+    pub credentials: AtomicU64,
 }
 
 #[derive(Default)]
 struct State {
     /// claim -> instance
     instances: HashMap<String, Instance>,
+    /// claim -> connect token
+    tokens: HashMap<String, String>,
+    /// Every update applied, in order: (instance id, request).
+    updates: Vec<(String, UpdateRequest)>,
     next_id: u64,
 }
 
@@ -62,6 +80,8 @@ pub struct MemoryProvider {
     crash: Arc<Mutex<Option<CrashHook>>>,
     /// Newly created instances start Pending and become Running on the next status read.
     instant_running: Arc<AtomicBool>,
+    /// Issue connect credentials (on by default).
+    credentials: bool,
     /// What was asked.
     pub calls: Arc<Calls>,
 }
@@ -88,8 +108,16 @@ impl MemoryProvider {
             faults: Arc::default(),
             crash: Arc::default(),
             instant_running: Arc::new(AtomicBool::new(true)),
+            credentials: true,
             calls: Arc::default(),
         }
+    }
+
+    /// A provider that issues no connect credentials (so no connect Secrets are written):
+    /// the trait's default behaviour.
+    pub fn without_credentials(mut self) -> MemoryProvider {
+        self.credentials = false;
+        self
     }
 
     /// The injected faults, to change.
@@ -106,6 +134,16 @@ impl MemoryProvider {
     /// A snapshot of the instances, live and finished.
     pub fn instances(&self) -> Vec<Instance> {
         lock(&self.state).instances.values().cloned().collect()
+    }
+
+    /// Every update applied so far, in order, as (instance id, request).
+    pub fn updates(&self) -> Vec<(String, UpdateRequest)> {
+        lock(&self.state).updates.clone()
+    }
+
+    /// The connect token of the instance of `claim`, if it exists.
+    pub fn token(&self, claim: &str) -> Option<String> {
+        lock(&self.state).tokens.get(claim).cloned()
     }
 
     /// Makes an instance vanish behind the manager's back (a VM deleted in the console).
@@ -190,6 +228,7 @@ impl Provider for MemoryProvider {
                     started_at: None,
                 };
                 st.instances.insert(req.claim.clone(), instance.clone());
+                st.tokens.insert(req.claim.clone(), crate::random_token());
                 instance
             };
             self.calls.created.fetch_add(1, Ordering::Relaxed);
@@ -211,6 +250,7 @@ impl Provider for MemoryProvider {
                 .map(|(c, _)| c.clone());
             if let Some(claim) = claim {
                 st.instances.remove(&claim);
+                st.tokens.remove(&claim);
                 self.calls.terminated.fetch_add(1, Ordering::Relaxed);
             }
             Ok(())
@@ -250,6 +290,67 @@ impl Provider for MemoryProvider {
                 .values()
                 .find(|i| i.id == instance_id)
                 .cloned())
+        }
+        .boxed()
+    }
+
+    fn update<'a>(
+        &'a self,
+        instance_id: &'a str,
+        req: &'a UpdateRequest,
+    ) -> BoxFuture<'a, Result<Instance, ProviderError>> {
+        async move {
+            self.calls.updates.fetch_add(1, Ordering::Relaxed);
+            self.delay().await?;
+            {
+                let f = lock(&self.faults);
+                if f.update_unsupported {
+                    return Err(ProviderError::Unsupported(
+                        "changing a running instance (injected)",
+                    ));
+                }
+                if let Some(reason) = &f.update_fails {
+                    return Err(ProviderError::Failed {
+                        operation: "update",
+                        reason: reason.clone(),
+                    });
+                }
+            }
+            let mut st = lock(&self.state);
+            let instance = st
+                .instances
+                .values()
+                .find(|i| i.id == instance_id)
+                .cloned()
+                .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
+            st.updates.push((instance_id.to_string(), req.clone()));
+            Ok(instance)
+        }
+        .boxed()
+    }
+
+    fn connect_credential<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ConnectCredential>, ProviderError>> {
+        async move {
+            self.calls.credentials.fetch_add(1, Ordering::Relaxed);
+            self.delay().await?;
+            if !self.credentials {
+                return Ok(None);
+            }
+            let st = lock(&self.state);
+            let instance = st
+                .instances
+                .values()
+                .find(|i| i.id == instance_id)
+                .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
+            let token = st.tokens.get(&instance.claim).cloned().unwrap_or_default();
+            Ok(Some(
+                ConnectCredential::new()
+                    .with("endpoint", instance.endpoint.clone().unwrap_or_default())
+                    .with("token", token),
+            ))
         }
         .boxed()
     }

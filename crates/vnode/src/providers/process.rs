@@ -15,7 +15,29 @@
 //! <state-dir>/<claim>/stdout.fifo     the process's stdout (also stderr.fifo, stdin.fifo)
 //! <state-dir>/<claim>/exit            exit code, written by the process's shell wrapper
 //! <state-dir>/<claim>/root/           working directory base (workingDir resolves here)
+//! <state-dir>/<claim>/connect-token    the pod's connect token (0600)
+//! <state-dir>/<claim>/launch.json      what was started: command, args, env, image
+//! <state-dir>/<claim>/spec.json        the pod's mutable fields last applied (updates)
 //! ```
+//!
+//! **Connect credential.** Before the first start of a pod's process the provider draws a
+//! random token (128 bits, hex), keeps it in `connect-token` and gives it to the process in
+//! `NEBULA_CONNECT_TOKEN`; the pod controller copies it (with the endpoint, `127.0.0.1`)
+//! into the pod's connect Secret. The provider does not check the token itself: a local
+//! process is reached on loopback at whatever port it opens, so the token is for a workload
+//! that serves clients to require from them (as a cloud provider injects a key into a VM
+//! and hands the other half to its owner). The same token survives manager restarts and
+//! process restarts.
+//!
+//! **Updates.** Of the fields kube-apiserver lets change on a pod, only the image could
+//! change what runs, and this provider runs the container's command, not its image. It
+//! treats an image change the way the kubelet treats one: the process group is stopped
+//! (SIGTERM, then SIGKILL after the grace period) and started again with the same command,
+//! args, env and working directory, appending to the same `output.log`; the instance gets
+//! a new id (pid and start time). Command and args cannot change on a pod, so nothing
+//! else restarts it. Labels, annotations, `activeDeadlineSeconds` and tolerations are
+//! recorded in `spec.json` and change nothing in the running process (the deadline is not
+//! enforced by this provider).
 //!
 //! A restarted manager finds its instances again from these files, and resumes draining
 //! their FIFOs. A PID alone is not an
@@ -46,13 +68,15 @@ use tokio::io::AsyncWriteExt;
 use super::capture::{self, Captures, OUTPUT};
 use crate::crash::{CrashHook, CrashPoint};
 use crate::provider::{
-    Attacher, ByteStream, Capabilities, Duplex, ExecIo, Executor, Instance, InstanceState,
-    InstanceStats, LogOptions, LogStreamer, PortForwarder, Provider, ProviderError,
-    ProvisionRequest, StatsSource,
+    Attacher, ByteStream, Capabilities, ConnectCredential, Duplex, ExecIo, Executor, Instance,
+    InstanceState, InstanceStats, LogOptions, LogStreamer, PortForwarder, Provider, ProviderError,
+    ProvisionRequest, StatsSource, UpdateRequest,
 };
 
 /// Environment variable every process of this provider carries: its claim.
 pub const CLAIM_ENV: &str = "NEBULA_CLAIM";
+/// Environment variable carrying the pod's connect token to its process.
+pub const CONNECT_TOKEN_ENV: &str = "NEBULA_CONNECT_TOKEN";
 const RECORD: &str = "instance.json";
 const EXIT: &str = "exit";
 /// How long a terminated process group gets between SIGTERM and SIGKILL.
@@ -291,6 +315,8 @@ impl ProcessProvider {
             self.captures.ensure(&dir);
             return Ok(self.instance_of(&dir, &rec));
         }
+        let token = ensure_token(&dir)?;
+        write_launch(&dir, req)?;
         let stdin = req.stdin || req.tty;
         capture::make_fifos(&dir, stdin).map_err(|e| {
             failed(
@@ -335,6 +361,7 @@ impl ProcessProvider {
             )
             .envs(req.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env(CLAIM_ENV, &req.claim)
+            .env(CONNECT_TOKEN_ENV, token.as_str())
             .env("NEBULA_STATE", &dir)
             .env("SHELL", "/bin/sh")
             .current_dir(&working_dir)
@@ -625,6 +652,22 @@ impl Provider for ProcessProvider {
 
     fn attacher(&self) -> Option<&dyn Attacher> {
         Some(self)
+    }
+
+    fn update<'a>(
+        &'a self,
+        instance_id: &'a str,
+        req: &'a UpdateRequest,
+    ) -> BoxFuture<'a, Result<Instance, ProviderError>> {
+        self.update_inner(instance_id, req).boxed()
+    }
+
+    fn connect_credential<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ConnectCredential>, ProviderError>> {
+        let result = self.credential_inner(instance_id);
+        async move { result }.boxed()
     }
 }
 
@@ -1287,6 +1330,187 @@ fn group_terminal(pgid: i32) -> Option<std::fs::File> {
         }
     }
     None
+}
+
+const TOKEN: &str = "connect-token";
+const LAUNCH: &str = "launch.json";
+const SPEC: &str = "spec.json";
+
+/// What was started for a claim, so an update can start it again the same way.
+#[derive(Serialize, Deserialize)]
+struct Launch {
+    namespace: String,
+    pod: String,
+    image: String,
+    command: Vec<String>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    working_dir: Option<String>,
+    capacity_type: Option<String>,
+}
+
+/// The claim's connect token: the one on disk, or a fresh one recorded now (only if still
+/// absent, so a racing provision cannot replace it).
+fn ensure_token(dir: &Path) -> Result<zeroize::Zeroizing<String>, ProviderError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| failed("provision", format!("{}: {e}", dir.display())))?;
+    let path = dir.join(TOKEN);
+    if let Some(t) = read_token(dir) {
+        return Ok(t);
+    }
+    let fresh = zeroize::Zeroizing::new(crate::random_token());
+    common::fsutil::write_atomic_new(&path, fresh.as_bytes(), 0o600)
+        .map_err(|e| failed("provision", common::error_chain(&e)))?;
+    read_token(dir).ok_or_else(|| {
+        failed(
+            "provision",
+            format!("{} is unreadable after writing it", path.display()),
+        )
+    })
+}
+
+fn read_token(dir: &Path) -> Option<zeroize::Zeroizing<String>> {
+    let t = zeroize::Zeroizing::new(std::fs::read_to_string(dir.join(TOKEN)).ok()?);
+    let trimmed = t.trim();
+    (!trimmed.is_empty()).then(|| zeroize::Zeroizing::new(trimmed.to_string()))
+}
+
+fn write_launch(dir: &Path, req: &ProvisionRequest) -> Result<(), ProviderError> {
+    let launch = Launch {
+        namespace: req.namespace.clone(),
+        pod: req.pod_name.clone(),
+        image: req.image.clone(),
+        command: req.command.clone(),
+        args: req.args.clone(),
+        env: req.env.clone(),
+        working_dir: req.working_dir.clone(),
+        capacity_type: req.capacity_type.clone(),
+    };
+    let bytes = serde_json::to_vec(&launch).map_err(|e| failed("provision", e.to_string()))?;
+    common::fsutil::write_atomic(&dir.join(LAUNCH), &bytes, 0o600, None)
+        .map_err(|e| failed("provision", common::error_chain(&e)))
+}
+
+impl ProcessProvider {
+    fn credential_inner(&self, id: &str) -> Result<Option<ConnectCredential>, ProviderError> {
+        let (dir, _) = self
+            .lookup(id)
+            .ok_or_else(|| ProviderError::NotFound(id.to_string()))?;
+        // A process started before this provider issued tokens has none in its
+        // environment: no credential rather than one nothing knows.
+        Ok(read_token(&dir).map(|t| {
+            ConnectCredential::new()
+                .with("endpoint", "127.0.0.1")
+                .with("token", t.as_str())
+        }))
+    }
+
+    async fn update_inner(&self, id: &str, req: &UpdateRequest) -> Result<Instance, ProviderError> {
+        let (dir, rec) = self
+            .lookup(id)
+            .ok_or_else(|| ProviderError::NotFound(id.to_string()))?;
+        if rec.claim != req.claim {
+            return Err(failed(
+                "update",
+                format!(
+                    "instance {id} belongs to claim {}, not {}",
+                    rec.claim, req.claim
+                ),
+            ));
+        }
+        let launch: Option<Launch> = std::fs::read(dir.join(LAUNCH))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let mut instance = self.instance_of(&dir, &rec);
+        match launch {
+            Some(mut launch) if launch.image != req.image => {
+                if instance.state != InstanceState::Running {
+                    return Err(failed(
+                        "update",
+                        format!(
+                            "instance {id} is not running, so its image change cannot restart it"
+                        ),
+                    ));
+                }
+                tracing::info!(claim = %rec.claim, from = %launch.image, to = %req.image, "image changed: restarting the process group");
+                stop_group(&rec).await;
+                // The old process's reaper may still record its exit code; give it a
+                // moment, then clear it so the new process is not read as exited.
+                for _ in 0..10 {
+                    if dir.join(EXIT).exists() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                for f in [EXIT, RECORD] {
+                    match std::fs::remove_file(dir.join(f)) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == ErrorKind::NotFound => {}
+                        Err(e) => {
+                            return Err(failed(
+                                "update",
+                                format!("removing {}: {e}", dir.join(f).display()),
+                            ));
+                        }
+                    }
+                }
+                self.index
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(id);
+                launch.image = req.image.clone();
+                let again = ProvisionRequest {
+                    claim: rec.claim.clone(),
+                    namespace: launch.namespace,
+                    pod_name: launch.pod,
+                    image: launch.image,
+                    command: launch.command,
+                    args: launch.args,
+                    env: launch.env,
+                    working_dir: launch.working_dir,
+                    capacity_type: launch.capacity_type,
+                    // As first started: a stdin FIFO exists when it had one.
+                    stdin: dir.join(capture::STDIN_FIFO).exists(),
+                    tty: rec.tty,
+                    container: rec.container.clone(),
+                    pod_uid: rec.pod_uid.clone(),
+                };
+                instance = self.provision_inner(&again).await?;
+            }
+            Some(_) => {}
+            // Started before launch records existed: the command is unknown, so an image
+            // change cannot restart it.
+            None => {
+                return Err(ProviderError::Unsupported(
+                    "changes to an instance started without a launch record",
+                ));
+            }
+        }
+        let bytes = serde_json::to_vec(req).map_err(|e| failed("update", e.to_string()))?;
+        common::fsutil::write_atomic(&dir.join(SPEC), &bytes, 0o600, None)
+            .map_err(|e| failed("update", common::error_chain(&e)))?;
+        Ok(instance)
+    }
+}
+
+/// SIGTERM to the process group, SIGKILL after [`TERM_GRACE`]; returns once the recorded
+/// process is gone.
+async fn stop_group(rec: &Record) {
+    if !alive(rec.pid, rec.start_time) {
+        return;
+    }
+    let group = Pid::from_raw(rec.pid);
+    let _ = killpg(group, Signal::SIGTERM);
+    let deadline = tokio::time::Instant::now() + TERM_GRACE;
+    while alive(rec.pid, rec.start_time) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = killpg(group, Signal::SIGKILL);
+    // SIGKILL cannot be ignored; the bound only covers a process stuck in the kernel.
+    let deadline = tokio::time::Instant::now() + TERM_GRACE;
+    while alive(rec.pid, rec.start_time) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use vnode::pods::PodControllerConfig;
 use vnode::providers::memory::MemoryProvider;
@@ -49,6 +49,13 @@ async fn crash_at(point: CrashPoint) -> anyhow::Result<()> {
     tokio::time::timeout(DEADLINE, crashed.wait_for(|c| *c)).await??;
     first.crash().await;
     provider.set_crash_hook(None);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    if point == CrashPoint::AfterSecret {
+        // The Secret comes before the Running status.
+        let a = pods.get("a").await?;
+        assert_ne!(phase(&a), Some("Running"));
+        assert!(secrets.get_opt("a-connect").await?.is_some());
+    }
 
     // While no manager runs: one more pod arrives, and one that ran is force-deleted.
     create(&pods, &pod("late", "nebula-mem", &["x"])).await?;
@@ -87,6 +94,22 @@ async fn crash_at(point: CrashPoint) -> anyhow::Result<()> {
     let created = provider.calls.created.load(Ordering::Relaxed);
     let expected = live.len() as u64 + u64::from(point == CrashPoint::AfterTerminate);
     assert_eq!(created, expected, "{point:?}: instances created");
+    // Every live pod has its connect Secret, owned by it, and each was created once: a
+    // crash between provisioning and the Secret write re-creates it exactly once.
+    for p in pods.list(&Default::default()).await?.items {
+        let name = p.metadata.name.clone().unwrap();
+        let s = secrets.get(&format!("{name}-connect")).await?;
+        crate::secret::assert_owned(&s, &p);
+    }
+    let secret_creates = server
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "secrets" && r.verb == "create" && r.code == 201)
+        .count();
+    assert_eq!(
+        secret_creates as u64, expected,
+        "{point:?}: connect Secrets created"
+    );
     second.stop().await;
     Ok(())
 }

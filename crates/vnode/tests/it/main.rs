@@ -8,3 +8,5 @@ mod lifecycle;
 mod placement;
 mod process;
 mod readopt;
+mod secret;
+mod update;
