@@ -214,7 +214,7 @@ pub async fn run_node(
             warn!(node = %name, error = %crate::chain(&e), "node sync failed; retrying");
             continue;
         }
-        if healthy && let Err(e) = renew_lease(&leases, &name).await {
+        if healthy && let Err(e) = renew_lease(&leases, &nodes, &name).await {
             warn!(node = %name, error = %crate::chain(&e), "node lease renewal failed; retrying");
         }
     }
@@ -287,7 +287,13 @@ pub async fn sync_node(
 }
 
 /// Renews (or creates) the node's Lease in kube-node-lease, with the resourceVersion read.
-pub async fn renew_lease(leases: &Api<Lease>, node: &str) -> Result<(), NodeError> {
+/// A created Lease is owned by its Node (as the kubelet's is), so deleting the Node lets
+/// garbage collection remove the Lease.
+pub async fn renew_lease(
+    leases: &Api<Lease>,
+    nodes: &Api<Node>,
+    node: &str,
+) -> Result<(), NodeError> {
     let api = |what: &'static str| {
         let node = node.to_string();
         move |source| NodeError::Api { what, node, source }
@@ -305,10 +311,27 @@ pub async fn renew_lease(leases: &Api<Lease>, node: &str) -> Result<(), NodeErro
                 .map_err(api("lease renewal"))?;
         }
         None => {
+            let owner = nodes
+                .get_opt(node)
+                .await
+                .map_err(api("node read"))?
+                .and_then(|n| n.metadata.uid)
+                .map(|uid| {
+                    vec![
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                            api_version: "v1".into(),
+                            kind: "Node".into(),
+                            name: node.to_string(),
+                            uid,
+                            ..Default::default()
+                        },
+                    ]
+                });
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(node.to_string()),
                     namespace: Some(NODE_LEASE_NAMESPACE.to_string()),
+                    owner_references: owner,
                     ..ObjectMeta::default()
                 },
                 spec: Some(LeaseSpec {

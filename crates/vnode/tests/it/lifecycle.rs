@@ -66,10 +66,18 @@ async fn memory_pod_is_provisioned_running_annotated_and_terminated_on_delete() 
         10250
     );
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    wait_for("node lease", || async {
+    let lease = wait_for("node lease", || async {
         Ok(leases.get_opt("nebula-mem").await?)
     })
     .await?;
+    // Owned by the Node, as the kubelet's Lease is: deleting the Node collects it.
+    let owner = &lease.metadata.owner_references.unwrap_or_default()[..];
+    assert_eq!(owner.len(), 1, "{owner:?}");
+    assert_eq!(
+        (owner[0].kind.as_str(), owner[0].name.as_str()),
+        ("Node", "nebula-mem")
+    );
+    assert_eq!(Some(&owner[0].uid), node.metadata.uid.as_ref());
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     create(&pods, &pod("web", "nebula-mem", &["serve"])).await?;
