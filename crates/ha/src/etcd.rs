@@ -984,6 +984,10 @@ pub async fn etcd_storage_at(opts: &EtcdOptions, endpoint: &str) -> Result<EtcdS
 /// restarted on the older binary (the caller drives those restarts and waits for every
 /// member to report the target). A server without the downgrade API, or one that does not
 /// validate, is [`EtcdError::DowngradeNotValidated`] and nothing changed.
+///
+/// For etcd 3.6 and later only ([`rules::DowngradeMethod::Enable`]): on etcd 3.5 the enable
+/// is applied but never answers, and leaves every 3.5 member unable to start again until it
+/// is cancelled; [`downgrade_cluster`] never calls this for 3.5.
 pub async fn downgrade_etcd(
     opts: &EtcdOptions,
     endpoint: &str,
