@@ -10,8 +10,9 @@
 //!   the request never answers (it is cancelled at the client's timeout although applied),
 //!   and once enabled no 3.5 member can start again ("server version is not allowed to join
 //!   when downgrade is enabled") while a 3.4 before 3.4.32 cannot start either ("server
-//!   version is lower than determined cluster version"): enabling would leave a cluster a
-//!   crash away from losing members. So it is never enabled for 3.5.
+//!   version is lower than determined cluster version"); a cancel does not help a member
+//!   that was stopped meanwhile (its data keeps the enabled downgrade). Enabling would leave
+//!   a cluster a crash away from losing members. So it is never enabled for 3.5.
 //! - From 3.6 on: `Maintenance.Downgrade` validate then enable, then each member restarted
 //!   on the older binary.
 
