@@ -177,7 +177,7 @@ async fn etcd_3_5_enable_is_applied_unanswered_and_blocks_3_5_restarts() -> anyh
     }
     // The cancel may not answer either (its request goes through the same apply path);
     // whether it took is what the restart below shows.
-    let mut c = etcd_client::Client::connect([eps[0].as_str()], None).await?;
+    let c = etcd_client::Client::connect([eps[0].as_str()], None).await?;
     let _ = tokio::time::timeout(
         Duration::from_secs(10),
         c.maintenance_client()
