@@ -17,10 +17,12 @@ pub enum Command {
     /// List the cluster's members (learners and not-yet-started members included).
     Members(Args),
     /// Downgrade the cluster one minor version: read every member's version, refuse what
-    /// etcd cannot do (no downgrade API before etcd 3.5; one minor version at a time),
-    /// validate and enable the downgrade, then wait until every member runs the target
-    /// (restart each on the older binary meanwhile). Exit 0: done; 3: refused, or not
-    /// every member on the target within --wait; 2: a bad --to; 1: etcd could not be asked.
+    /// etcd cannot do (no downgrade before etcd 3.5; one minor version at a time), from
+    /// etcd 3.6 on validate and enable the downgrade (3.5 to 3.4 is etcd's rolling
+    /// replacement: nothing is enabled), print what to do to each member, then wait until
+    /// every member runs the target (restart each on the older binary meanwhile). A re-run
+    /// part way waits for the rest. Exit 0: done; 3: refused, or not every member on the
+    /// target within --wait; 2: a bad --to; 1: etcd could not be asked.
     Downgrade(DowngradeArgs),
 }
 
@@ -66,8 +68,14 @@ pub struct DowngradeArgs {
     pub to: String,
     #[command(flatten)]
     pub access: AccessArgs,
-    /// How long to wait for every member to run the target.
-    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    /// How long to wait for every member to run the target (then exit 3 naming the members
+    /// not on it; a re-run resumes the wait).
+    #[arg(
+        long,
+        visible_alias = "timeout",
+        default_value = "30m",
+        value_parser = humantime::parse_duration
+    )]
     pub wait: std::time::Duration,
 }
 

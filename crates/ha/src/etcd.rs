@@ -274,7 +274,9 @@ pub enum EtcdError {
     DowngradeRefused(#[from] rules::DowngradeRefusal),
     /// An enabled downgrade did not reach every member in time.
     #[error(
-        "the downgrade to {target} is enabled, but after {waited:?} these members do not run          it yet: {}. Restart each on the etcd {target} binary, then run this again to wait",
+        "after {} these members do not run etcd {target} yet: {}. {how}, then run this \
+         again to wait",
+        humantime::format_duration(*waited),
         pending.join(", ")
     )]
     DowngradeIncomplete {
@@ -282,8 +284,12 @@ pub enum EtcdError {
         target: String,
         /// How long was waited.
         waited: Duration,
-        /// `member (version)` of each member not on the target.
+        /// `member (version)` of each member not on the target (`not answering` for one
+        /// whose version could not be read).
         pending: Vec<String>,
+        /// What to do to each member ([`rules::DowngradeMethod::restart_instructions`]),
+        /// capitalised.
+        how: String,
     },
     /// The join intent could not be recorded: the add was not sent.
     #[error("member add not sent")]
@@ -978,6 +984,10 @@ pub async fn etcd_storage_at(opts: &EtcdOptions, endpoint: &str) -> Result<EtcdS
 /// restarted on the older binary (the caller drives those restarts and waits for every
 /// member to report the target). A server without the downgrade API, or one that does not
 /// validate, is [`EtcdError::DowngradeNotValidated`] and nothing changed.
+///
+/// For etcd 3.6 and later only ([`rules::DowngradeMethod::Enable`]): on etcd 3.5 the enable
+/// is applied but never answers, and leaves every 3.5 member unable to start again until it
+/// is cancelled; [`downgrade_cluster`] never calls this for 3.5.
 pub async fn downgrade_etcd(
     opts: &EtcdOptions,
     endpoint: &str,
@@ -1111,6 +1121,34 @@ pub async fn member_versions(
     Ok(out)
 }
 
+/// Every member's version while members are being restarted: one that does not answer is
+/// `(name, "not answering")` rather than an error, and a member list nobody gives is one
+/// entry naming the endpoints asked.
+async fn versions_while_restarting(
+    opts: &EtcdOptions,
+    endpoints: &[String],
+) -> Vec<(String, String)> {
+    let members = match member_list_via(opts, endpoints).await {
+        Ok((_, m)) => m,
+        Err(e) => return vec![("member list".to_string(), format!("no answer: {e}"))],
+    };
+    let mut out = Vec::new();
+    for m in &members {
+        let version = match m.client_urls.first() {
+            None => "not started".to_string(),
+            Some(ep) => {
+                let a = etcd_member_status(opts, ep).await;
+                match a.error {
+                    Some(_) => "not answering".to_string(),
+                    None => a.version,
+                }
+            }
+        };
+        out.push((m.label(), version));
+    }
+    out
+}
+
 /// What [`downgrade_cluster`] ended with.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DowngradeDone {
@@ -1145,22 +1183,48 @@ pub async fn downgrade_cluster(
         let _ = writeln!(w, "  {m}: etcd {v}");
     }
     let plan = rules::plan_downgrade(&versions, target)?;
+    let how = plan.method.restart_instructions(plan.target);
+    match (plan.under_way, plan.method) {
+        (true, _) => {
+            let _ = writeln!(
+                w,
+                "a downgrade from {} to {} is under way (some members already run {}): \
+                 nothing to enable",
+                plan.cluster, plan.target, plan.target
+            );
+        }
+        (false, rules::DowngradeMethod::RollingRestart) => {
+            // etcd 3.5's enable is not used: it never answers, and once applied no 3.5
+            // member can start again (see hacore::etcd::downgrade).
+            let _ = writeln!(
+                w,
+                "cluster version {}: etcd downgrades {} to {} by restarting members, without \
+                 the downgrade API; nothing is asked of etcd",
+                plan.cluster, plan.cluster, plan.target
+            );
+        }
+        (false, rules::DowngradeMethod::Enable) => {
+            let _ = writeln!(
+                w,
+                "cluster version {}: asking etcd to validate and enable a downgrade to {}",
+                plan.cluster, plan.target
+            );
+            let (endpoint, _) = member_list_via(opts, endpoints).await?;
+            downgrade_etcd(opts, &endpoint, &plan.target.to_string()).await?;
+            let _ = writeln!(w, "downgrade enabled");
+        }
+    }
+    let _ = writeln!(w, "now {how}");
     let _ = writeln!(
         w,
-        "cluster version {}: asking etcd to validate and enable a downgrade to {}",
-        plan.cluster, plan.target
-    );
-    let (endpoint, _) = member_list_via(opts, endpoints).await?;
-    downgrade_etcd(opts, &endpoint, &plan.target.to_string()).await?;
-    let _ = writeln!(
-        w,
-        "downgrade enabled; waiting up to {wait:?} for every member to run etcd {}",
+        "waiting up to {} for every member to run etcd {}",
+        humantime::format_duration(wait),
         plan.target
     );
     let started = tokio::time::Instant::now();
     let mut last = Vec::new();
     loop {
-        let now = member_versions(opts, endpoints).await.unwrap_or_default();
+        let now = versions_while_restarting(opts, endpoints).await;
         let pending = hacore::etcd::downgrade::members_not_on(&now, plan.target);
         if !now.is_empty() && pending.is_empty() {
             let _ = writeln!(w, "every member runs etcd {}", plan.target);
@@ -1171,10 +1235,15 @@ pub async fn downgrade_cluster(
             last = pending.clone();
         }
         if started.elapsed() >= wait {
+            let mut how = how;
+            if let Some(first) = how.get_mut(..1) {
+                first.make_ascii_uppercase();
+            }
             return Err(EtcdError::DowngradeIncomplete {
                 target: plan.target.to_string(),
                 waited: wait,
                 pending,
+                how,
             });
         }
         tokio::time::sleep(Duration::from_secs(2)).await;

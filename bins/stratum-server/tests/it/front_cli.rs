@@ -216,7 +216,7 @@ fn etcd_downgrade_on_3_4_is_refused_and_the_front_follows_its_members() -> anyho
     );
     let err = text(&out.stderr);
     ensure!(
-        err.contains("etcd cluster version 3.4 has no downgrade API")
+        err.contains("etcd cluster version 3.4 cannot be downgraded")
             && err.contains("etcd 3.5 or later"),
         "{err}"
     );

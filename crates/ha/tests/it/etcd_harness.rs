@@ -66,6 +66,53 @@ pub fn find_etcd(
     bail!("etcd not found on PATH (nor $ETCD_BIN): apt-get install etcd-server")
 }
 
+/// Where CI installs etcd 3.5 (Debian trixie's etcd-server, unpacked by `.ci/run`).
+pub const ETCD35_DEFAULT: &str = "/opt/etcd-3.5/usr/bin/etcd";
+
+/// Finds an etcd 3.5 binary: `$ETCD35_BIN`, else [`ETCD35_DEFAULT`]; fails naming how to
+/// install it.
+pub fn etcd35_binary() -> anyhow::Result<PathBuf> {
+    find_etcd35(std::env::var_os("ETCD35_BIN"), Path::new(ETCD35_DEFAULT))
+}
+
+/// [`etcd35_binary`] over explicit values, so the missing-binary message is testable.
+pub fn find_etcd35(
+    etcd35_bin: Option<std::ffi::OsString>,
+    default: &Path,
+) -> anyhow::Result<PathBuf> {
+    let how = "run the etcd 3.5 step of .ci/run (Debian trixie's etcd-server unpacked into \
+               /opt/etcd-3.5, the system's etcd 3.4 untouched), or set $ETCD35_BIN to an etcd 3.5 binary";
+    let p = match etcd35_bin {
+        Some(p) => PathBuf::from(p),
+        None => default.to_path_buf(),
+    };
+    if !p.is_file() {
+        bail!("etcd 3.5 not found at {}: {how}", p.display());
+    }
+    let out = Command::new(&p)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("run {} --version", p.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !text.contains("etcd Version: 3.5.") {
+        bail!(
+            "{} is not etcd 3.5 ({}): {how}",
+            p.display(),
+            text.lines().next().unwrap_or("")
+        );
+    }
+    Ok(p)
+}
+
+/// How a member restarted on another binary ended.
+#[derive(Debug)]
+pub enum Restarted {
+    /// It knows a leader.
+    Ready,
+    /// It exited before that; its log's last lines.
+    Exited(String),
+}
+
 /// A member's address and ports, allocated before it is added or started.
 #[derive(Debug, Clone)]
 pub struct Slot {
@@ -136,11 +183,19 @@ impl EtcdCluster {
         Self::start_with(n, false).await
     }
 
+    /// `n` members over plain http, of the etcd at `binary`.
+    pub async fn start_plain_on(n: usize, binary: PathBuf) -> anyhow::Result<Self> {
+        Self::start_on(n, false, binary).await
+    }
+
     async fn start_with(n: usize, tls: bool) -> anyhow::Result<Self> {
+        Self::start_on(n, tls, etcd_binary()?).await
+    }
+
+    async fn start_on(n: usize, tls: bool, binary: PathBuf) -> anyhow::Result<Self> {
         if !(1..=5).contains(&n) {
             bail!("the harness starts 1 to 5 members, not {n}");
         }
-        let binary = etcd_binary()?;
         let dir = tempfile::tempdir()?;
         let (ca, client_tls) = if tls {
             let ca = pki::Ca::generate("etcd-ca")?;
@@ -254,6 +309,89 @@ impl EtcdCluster {
             t,
             "--peer-client-cert-auth".into(),
         ])
+    }
+
+    /// Stops member `i` as an operator would (SIGTERM, then waits for it), and starts it
+    /// again on the etcd at `binary` with the same name, addresses and data directory plus
+    /// `extra` flags; waits until it knows a leader or exits.
+    pub async fn restart_on(
+        &mut self,
+        i: usize,
+        binary: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Restarted> {
+        if let Some(mut child) = self.members[i].child.take() {
+            let pid = child.id().to_string();
+            let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            child.wait()?;
+        }
+        let slot = self.members[i].slot.clone();
+        let initial: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{}={}", m.slot.name, m.slot.peer_url()))
+            .collect();
+        let cmd = self.command(&slot, &initial.join(","), "existing", binary)?;
+        let log = self.members[i].log.clone();
+        self.members[i].child = Some(self.run(cmd, &slot, &log, binary, extra)?);
+        match self.wait_ready(i).await {
+            Ok(()) => Ok(Restarted::Ready),
+            Err(_)
+                if self.members[i]
+                    .child
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten())
+                    .is_some() =>
+            {
+                self.members[i].child = None;
+                Ok(Restarted::Exited(self.log_tail(i)))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn run(
+        &self,
+        mut cmd: Command,
+        slot: &Slot,
+        log: &Path,
+        binary: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Child> {
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        cmd.args(extra)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file);
+        cmd.spawn()
+            .with_context(|| format!("spawn {} for member {}", binary.display(), slot.name))
+    }
+
+    fn command(
+        &self,
+        slot: &Slot,
+        initial_cluster: &str,
+        state: &str,
+        binary: &Path,
+    ) -> anyhow::Result<Command> {
+        let data = self.dir.path().join(format!("{}.etcd", slot.name));
+        let mut cmd = Command::new(binary);
+        cmd.args(["--name", &slot.name])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen-client-urls", &slot.client_url()])
+            .args(["--advertise-client-urls", &slot.client_url()])
+            .args(["--listen-peer-urls", &slot.peer_url()])
+            .args(["--initial-advertise-peer-urls", &slot.peer_url()])
+            .args(["--initial-cluster", initial_cluster])
+            .args(["--initial-cluster-state", state])
+            .args(["--initial-cluster-token", "stratum-harness"])
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .args(self.member_tls(slot)?);
+        Ok(cmd)
     }
 
     fn spawn(&mut self, slot: &Slot, initial_cluster: &str, state: &str) -> anyhow::Result<usize> {

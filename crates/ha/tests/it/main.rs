@@ -2,6 +2,7 @@
 //! membership against real etcd members, the front against real HAProxy, repoint against
 //! live TLS servers.
 
+mod downgrade;
 mod etcd;
 mod etcd_harness;
 mod front;

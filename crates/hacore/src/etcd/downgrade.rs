@@ -1,11 +1,60 @@
 //! Whether an etcd cluster can be downgraded to a target version, decided from the
-//! versions its members report. etcd has a downgrade API (`Maintenance.Downgrade`:
-//! validate, enable, cancel) only from 3.5 on, and it lowers the cluster version by one
-//! minor version at a time; anything else is refused here, before a request is sent, with
-//! a [`DowngradeRefusal`] that says why and what would work.
+//! versions its members report. etcd downgrades one minor version at a time, and only from
+//! 3.5 on; anything else is refused here, before a request is sent, with a
+//! [`DowngradeRefusal`] that says why and what would work.
+//!
+//! How depends on the version left ([`DowngradeMethod`]), as real etcd behaves:
+//! - 3.5 to 3.4 is etcd's documented rolling replacement, without the downgrade API: each
+//!   member is restarted on etcd 3.4.32 or later with `--next-cluster-version-compatible`.
+//!   etcd 3.5.16 does accept `Maintenance.Downgrade` enable to 3.4, but (tested against it)
+//!   the request never answers (it is cancelled at the client's timeout although applied),
+//!   and once enabled no 3.5 member can start again ("server version is not allowed to join
+//!   when downgrade is enabled") while a 3.4 before 3.4.32 cannot start either ("server
+//!   version is lower than determined cluster version"); a cancel does not help a member
+//!   that was stopped meanwhile (its data keeps the enabled downgrade). Enabling would leave
+//!   a cluster a crash away from losing members. So it is never enabled for 3.5.
+//! - From 3.6 on: `Maintenance.Downgrade` validate then enable, then each member restarted
+//!   on the older binary.
 
-/// The first etcd release with the downgrade API.
+/// The first etcd release that can be downgraded (to the minor version before it).
 pub const DOWNGRADE_SINCE: MinorVersion = MinorVersion { major: 3, minor: 5 };
+
+/// The first etcd release whose downgrade goes through the downgrade API's enable.
+pub const ENABLE_SINCE: MinorVersion = MinorVersion { major: 3, minor: 6 };
+
+/// The oldest etcd 3.4 release that starts on a 3.5 cluster's data (etcd's 3.5 to 3.4
+/// downgrade guide; Debian bookworm's 3.4.23 exits instead).
+pub const MIN_3_4_PATCH_FOR_DOWNGRADE: u32 = 32;
+
+/// How a downgrade is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DowngradeMethod {
+    /// Validate and enable it through the downgrade API, then restart each member on the
+    /// older binary (etcd 3.6 and later).
+    Enable,
+    /// Restart each member on etcd 3.4.32 or later with `--next-cluster-version-compatible`;
+    /// nothing is asked of etcd (3.5 to 3.4).
+    RollingRestart,
+}
+
+impl DowngradeMethod {
+    /// What the operator does to each member, one at a time, for a downgrade to `target`.
+    pub fn restart_instructions(self, target: MinorVersion) -> String {
+        match self {
+            DowngradeMethod::Enable => format!(
+                "restart each member, one at a time, on the etcd {target} binary with the same \
+                 data directory and flags"
+            ),
+            DowngradeMethod::RollingRestart => format!(
+                "restart each member, one at a time, on etcd {target}.{MIN_3_4_PATCH_FOR_DOWNGRADE} \
+                 or later with the same data directory and flags plus \
+                 --next-cluster-version-compatible (an older {target} exits: \"server version \
+                 is lower than determined cluster version\")"
+            ),
+        }
+    }
+}
 
 /// An etcd `major.minor` version (the cluster version's granularity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -64,9 +113,10 @@ pub enum DowngradeRefusal {
     },
     /// The cluster runs an etcd without the downgrade API.
     #[error(
-        "etcd cluster version {cluster} has no downgrade API: `downgrade validate/enable` \
-         exists from etcd {DOWNGRADE_SINCE} on. Upgrade every member to etcd {DOWNGRADE_SINCE} \
-         or later first, or roll back by restoring a snapshot taken on the older version"
+        "etcd cluster version {cluster} cannot be downgraded: etcd supports a downgrade \
+         (and has the downgrade API) from etcd {DOWNGRADE_SINCE} on. Upgrade every member to \
+         etcd {DOWNGRADE_SINCE} or later first, or roll back by restoring a snapshot taken on \
+         the older version"
     )]
     Unsupported {
         /// The cluster version (the lowest member version).
@@ -95,17 +145,24 @@ pub enum DowngradeRefusal {
     },
 }
 
-/// A downgrade etcd can be asked for.
+/// A downgrade etcd can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct DowngradePlan {
-    /// The cluster version now (the lowest member version).
+    /// The version left (the highest member version).
     pub cluster: MinorVersion,
     /// The version to go to.
     pub target: MinorVersion,
+    /// How.
+    pub method: DowngradeMethod,
+    /// Some members already run the target (a downgrade under way, or an upgrade from it
+    /// not finished): nothing is to be enabled, only the rest to be restarted.
+    pub under_way: bool,
 }
 
 /// Decides whether `(member, version)` answers allow a downgrade to `target`. The cluster
-/// version is the lowest member version (what etcd itself sets it to).
+/// version is the lowest member version (what etcd itself sets it to); a cluster whose
+/// lowest members already run the target and the rest the version above it is a downgrade
+/// under way.
 pub fn plan_downgrade(
     members: &[(String, String)],
     target: &str,
@@ -113,15 +170,34 @@ pub fn plan_downgrade(
     let t = MinorVersion::parse(target).ok_or_else(|| DowngradeRefusal::BadTarget {
         target: target.to_string(),
     })?;
-    let mut cluster: Option<MinorVersion> = None;
+    let mut range: Option<(MinorVersion, MinorVersion)> = None;
     for (member, version) in members {
         let v = MinorVersion::parse(version).ok_or_else(|| DowngradeRefusal::BadMemberVersion {
             member: member.clone(),
             version: version.clone(),
         })?;
-        cluster = Some(cluster.map_or(v, |c| c.min(v)));
+        range = Some(range.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
     }
-    let cluster = cluster.ok_or(DowngradeRefusal::NoVersions)?;
+    let (cluster, highest) = range.ok_or(DowngradeRefusal::NoVersions)?;
+    let method_from = |from: MinorVersion| {
+        if from >= ENABLE_SINCE {
+            DowngradeMethod::Enable
+        } else {
+            DowngradeMethod::RollingRestart
+        }
+    };
+    if cluster == t
+        && highest >= DOWNGRADE_SINCE
+        && highest.major == t.major
+        && highest.minor == t.minor + 1
+    {
+        return Ok(DowngradePlan {
+            cluster: highest,
+            target: t,
+            method: method_from(highest),
+            under_way: true,
+        });
+    }
     if cluster < DOWNGRADE_SINCE {
         return Err(DowngradeRefusal::Unsupported { cluster });
     }
@@ -139,7 +215,12 @@ pub fn plan_downgrade(
             next,
         });
     }
-    Ok(DowngradePlan { cluster, target: t })
+    Ok(DowngradePlan {
+        cluster,
+        target: t,
+        method: method_from(cluster),
+        under_way: false,
+    })
 }
 
 /// The members (by the name given) whose version is not yet `target`.
@@ -195,10 +276,43 @@ mod tests {
     }
 
     #[test]
+    fn etcd_3_5_goes_to_3_4_by_restarts_never_by_enable() {
+        let plan = plan_downgrade(&m(&["3.5.16", "3.5.16", "3.5.9"]), "3.4").unwrap();
+        assert_eq!(plan.method, DowngradeMethod::RollingRestart);
+        assert!(!plan.under_way);
+        assert_eq!(plan.cluster.to_string(), "3.5");
+        let how = plan.method.restart_instructions(plan.target);
+        assert!(
+            how.contains("3.4.32 or later") && how.contains("--next-cluster-version-compatible"),
+            "{how}"
+        );
+        // Half way: one member restarted on 3.4 lowered the cluster version; the rest is
+        // still to be restarted, and nothing is refused as "3.4 has no downgrade".
+        let plan = plan_downgrade(&m(&["3.4.32", "3.5.16", "3.5.16"]), "3.4.0").unwrap();
+        assert_eq!(plan.method, DowngradeMethod::RollingRestart);
+        assert!(plan.under_way);
+        assert_eq!(plan.cluster.to_string(), "3.5");
+        // A mixed 3.4/3.5 cluster asked for anything but 3.4 is a 3.4 cluster.
+        assert!(matches!(
+            plan_downgrade(&m(&["3.4.32", "3.5.16"]), "3.3"),
+            Err(DowngradeRefusal::Unsupported { .. })
+        ));
+        // Two minor versions apart is not a downgrade under way.
+        assert!(matches!(
+            plan_downgrade(&m(&["3.4.32", "3.6.0"]), "3.4"),
+            Err(DowngradeRefusal::Unsupported { .. })
+        ));
+    }
+
+    #[test]
     fn one_minor_down_is_the_only_plan() {
         let plan = plan_downgrade(&m(&["3.6.0", "3.6.1"]), "3.5").unwrap();
         assert_eq!(plan.target.to_string(), "3.5");
         assert_eq!(plan.cluster.to_string(), "3.6");
+        assert_eq!(plan.method, DowngradeMethod::Enable);
+        assert!(!plan.under_way);
+        let plan = plan_downgrade(&m(&["3.5.21", "3.6.1"]), "3.5").unwrap();
+        assert!(plan.under_way && plan.method == DowngradeMethod::Enable);
         assert!(matches!(
             plan_downgrade(&m(&["3.6.0"]), "3.6.0"),
             Err(DowngradeRefusal::NotADowngrade { .. })

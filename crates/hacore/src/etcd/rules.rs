@@ -6,7 +6,9 @@
 use std::net::IpAddr;
 
 // The downgrade rules: refused before anything is asked of etcd.
-pub use super::downgrade::{DowngradePlan, DowngradeRefusal, MinorVersion, plan_downgrade};
+pub use super::downgrade::{
+    DowngradeMethod, DowngradePlan, DowngradeRefusal, MinorVersion, plan_downgrade,
+};
 use std::time::Duration;
 
 /// The text etcd's strict reconfiguration check answers a member add with while some
