@@ -702,4 +702,209 @@ mod tests {
             assert!(matches!(err, FrontError::BadVip { .. }), "{bad:?}");
         }
     }
+
+    fn vip_spec(vip: &str) -> KubeVipSpec {
+        KubeVipSpec {
+            vip: vip.parse().unwrap(),
+            interface: "eth0".into(),
+            port: 6443,
+            image: KUBE_VIP_IMAGE.into(),
+            kubeconfig: "/etc/kubernetes/admin.conf".into(),
+        }
+    }
+
+    #[test]
+    fn an_old_worker_is_stopped_half_an_hour_after_a_reload() {
+        let cfg = render_haproxy(&spec(&["10.0.0.1"])).unwrap();
+        assert!(cfg.contains("\n    hard-stop-after 30m\n"), "{cfg}");
+    }
+
+    #[test]
+    fn a_dns_name_may_be_253_bytes_and_no_more() {
+        // Three 63-byte labels, their dots, and a last label filling the name to 253.
+        let name = |last: usize| {
+            format!(
+                "{}.{}.{}.{}",
+                "a".repeat(63),
+                "b".repeat(63),
+                "c".repeat(63),
+                "D".repeat(last)
+            )
+        };
+        let longest = name(61);
+        assert_eq!(longest.len(), 253);
+        assert_eq!(check_host(&longest).unwrap(), longest.to_ascii_lowercase());
+        let too_long = name(62);
+        assert_eq!(
+            check_host(&too_long),
+            Err(FrontError::BadHost { value: too_long })
+        );
+        // Rendered with a short name of its own, the longest host reaches the config whole.
+        let mut s = spec(&["10.0.0.1"]);
+        s.backends[0] = Backend {
+            name: "cp-long".into(),
+            host: longest.clone(),
+            port: 6443,
+        };
+        let cfg = render_haproxy(&s).unwrap();
+        let want = format!(
+            "\n    server cp-long {}:6443\n",
+            longest.to_ascii_lowercase()
+        );
+        assert!(cfg.contains(&want), "{cfg}");
+    }
+
+    #[test]
+    fn a_bracketed_ipv6_server_without_a_port_takes_the_default() {
+        let b = parse_server("[fd00::1]", DEFAULT_API_PORT).unwrap();
+        assert_eq!(b.address(), "[fd00::1]:6443");
+        assert_eq!(b.name, "apiserver-fd00::1");
+        assert_eq!(
+            parse_server(" [FD00::1]:7443 ", 6443).unwrap().address(),
+            "[fd00::1]:7443"
+        );
+    }
+
+    #[test]
+    fn member_hosts_become_backends_on_the_api_port() {
+        let hosts = [
+            "10.0.0.2".to_string(),
+            "CP1.Example".to_string(),
+            "fd00::3".to_string(),
+        ];
+        let b = backends_for_hosts(&hosts, 7443).unwrap();
+        let shown: Vec<(String, String)> =
+            b.iter().map(|b| (b.name.clone(), b.address())).collect();
+        assert_eq!(
+            shown,
+            [
+                ("apiserver-10.0.0.2".into(), "10.0.0.2:7443".into()),
+                ("apiserver-cp1.example".into(), "cp1.example:7443".into()),
+                ("apiserver-fd00::3".into(), "[fd00::3]:7443".into()),
+            ]
+        );
+        let hostile = ["10.0.0.2".to_string(), "cp1 backup".to_string()];
+        assert_eq!(
+            backends_for_hosts(&hostile, 7443),
+            Err(FrontError::BadHost {
+                value: "cp1 backup".into()
+            })
+        );
+    }
+
+    #[test]
+    fn one_address_under_two_names_or_one_name_for_two_addresses_is_refused() {
+        let backend = |name: &str, host: &str| Backend {
+            name: name.into(),
+            host: host.into(),
+            port: 6443,
+        };
+        // The same API server twice would count its connections twice as often.
+        let mut s = spec(&[]);
+        s.backends = vec![backend("a", "10.0.0.1"), backend("b", "10.0.0.1")];
+        assert_eq!(
+            render_haproxy(&s),
+            Err(FrontError::Duplicate {
+                value: "10.0.0.1:6443".into()
+            })
+        );
+        // Two servers under one name: one of them would silently not be in the config.
+        s.backends = vec![backend("a", "10.0.0.1"), backend("a", "10.0.0.2")];
+        assert_eq!(
+            render_haproxy(&s),
+            Err(FrontError::Duplicate {
+                value: "10.0.0.2:6443".into()
+            })
+        );
+        s.backends = vec![backend("a", "10.0.0.1"), backend("b", "10.0.0.2")];
+        let cfg = render_haproxy(&s).unwrap();
+        assert!(
+            cfg.contains("\n    server a 10.0.0.1:6443\n    server b 10.0.0.2:6443\n"),
+            "{cfg}"
+        );
+    }
+
+    #[test]
+    fn a_vip_other_nodes_cannot_reach_is_refused() {
+        for bad in [
+            "0.0.0.0",
+            "::",
+            "127.0.0.1",
+            "127.0.0.2",
+            "::1",
+            "224.0.0.1",
+            "ff02::1",
+        ] {
+            let err = kube_vip_pod(&vip_spec(bad)).unwrap_err();
+            assert!(
+                matches!(err, FrontError::BadVip { what: "VIP", .. }),
+                "{bad}: {err}"
+            );
+        }
+        for good in ["10.0.0.100", "192.0.2.7", "fd00::100"] {
+            assert!(kube_vip_pod(&vip_spec(good)).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn the_kube_vip_manifest_is_what_the_kubelet_needs_to_run_it() {
+        // The whole manifest as the static pod file carries it: every field an operator
+        // (or the kubelet) relies on, and nothing else.
+        let mut vip = vip_spec("10.0.0.100");
+        vip.image = "registry.example/kube-vip:v9".into();
+        vip.kubeconfig = "/etc/kubernetes/super-admin.conf".into();
+        let pod = serde_json::to_value(kube_vip_pod(&vip).unwrap()).unwrap();
+        let want = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "kube-vip",
+                "namespace": "kube-system",
+                "labels": {"app.kubernetes.io/name": "kube-vip"},
+            },
+            "spec": {
+                "containers": [{
+                    "name": "kube-vip",
+                    "image": "registry.example/kube-vip:v9",
+                    "imagePullPolicy": "IfNotPresent",
+                    "args": ["manager"],
+                    "env": [
+                        {"name": "vip_arp", "value": "true"},
+                        {"name": "port", "value": "6443"},
+                        {"name": "vip_interface", "value": "eth0"},
+                        {"name": "vip_cidr", "value": "32"},
+                        {"name": "cp_enable", "value": "true"},
+                        {"name": "cp_namespace", "value": "kube-system"},
+                        {"name": "vip_leaderelection", "value": "true"},
+                        {"name": "vip_leasename", "value": "plndr-cp-lock"},
+                        {"name": "vip_leaseduration", "value": "5"},
+                        {"name": "vip_renewdeadline", "value": "3"},
+                        {"name": "vip_retryperiod", "value": "1"},
+                        {"name": "address", "value": "10.0.0.100"},
+                    ],
+                    "securityContext": {
+                        "capabilities": {"add": ["NET_ADMIN", "NET_RAW"]},
+                    },
+                    "volumeMounts": [{
+                        "name": "kubeconfig",
+                        "mountPath": "/etc/kubernetes/admin.conf",
+                        "readOnly": true,
+                    }],
+                }],
+                "hostNetwork": true,
+                "priorityClassName": "system-node-critical",
+                "hostAliases": [{"ip": "127.0.0.1", "hostnames": ["kubernetes"]}],
+                "volumes": [{
+                    "name": "kubeconfig",
+                    "hostPath": {"path": "/etc/kubernetes/super-admin.conf", "type": "File"},
+                }],
+            },
+        });
+        assert_eq!(pod, want, "{pod:#}");
+        // An IPv6 VIP is announced as a /128.
+        let pod = kube_vip_pod(&vip_spec("fd00::100")).unwrap();
+        let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+        let cidr = env.iter().find(|e| e.name == "vip_cidr").unwrap();
+        assert_eq!(cidr.value.as_deref(), Some("128"));
+    }
 }

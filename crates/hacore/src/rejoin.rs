@@ -327,6 +327,38 @@ mod tests {
     }
 
     #[test]
+    fn the_steps_print_as_the_operator_reads_them() {
+        // `ha::rejoin` prints the plan as these names joined, and names the step an
+        // interrupted run stopped before.
+        let plan = plan_rejoin(view(None, true, None)).unwrap();
+        let printed: Vec<String> = plan.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            printed,
+            [
+                "check that the old cluster has lost quorum",
+                "move the old etcd data aside",
+                "add this member to the seed's cluster as a learner",
+                "start etcd as an existing member and promote it",
+                "clear the rejoin journal",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bracketed_ipv6_seed_without_a_port_takes_the_default() {
+        // The text after its last ':' is "1]", not a port.
+        assert_eq!(seed_endpoint("[fd00::1]", 2379), "https://[fd00::1]:2379");
+        assert_eq!(
+            seed_endpoint(" [fd00::1]/ ", 32379),
+            "https://[fd00::1]:32379"
+        );
+        assert_eq!(
+            seed_endpoint("[fd00::1]:2380", 2379),
+            "https://[fd00::1]:2380"
+        );
+    }
+
+    #[test]
     fn the_journal_round_trips_as_json() {
         let added = record(RejoinPhase::Added {
             member_id: 7,

@@ -96,17 +96,13 @@ fn with_servers(doc: &Value, server: &str) -> Value {
     out
 }
 
-/// The scalar of a `server:` line (`server: X`, `- server: X`, quoted or not, with an
-/// optional comment), as (start, end) byte offsets of the value within the line.
+/// The scalar of a `server: X` line (quoted or not, with an optional comment), as (start,
+/// end) byte offsets of the value within the line; a quoted value's span holds its quotes.
+/// A `- server: X` line is never a cluster's server (that sits under `cluster:`, a mapping)
+/// and is left alone: editing it would only force the re-serializing fallback.
 fn server_value_span(line: &str) -> Option<(usize, usize)> {
-    let trimmed = line.trim_start();
-    let mut offset = line.len() - trimmed.len();
-    let mut rest = trimmed;
-    if let Some(r) = rest.strip_prefix("- ") {
-        let r2 = r.trim_start();
-        offset += rest.len() - r2.len();
-        rest = r2;
-    }
+    let rest = line.trim_start();
+    let offset = line.len() - rest.len();
     let r = rest.strip_prefix("server:")?;
     if !r.starts_with([' ', '\t']) {
         return None;
@@ -234,6 +230,49 @@ mod tests {
         assert_eq!(
             v["clusters"][0]["cluster"]["server"],
             "https://10.0.0.1:6443"
+        );
+    }
+
+    #[test]
+    fn spaces_tabs_quotes_and_multibyte_text_around_a_server_are_kept() {
+        // The span is counted in bytes: whitespace of any width before the value, a quoted
+        // old value, and a comment or old value with multi-byte characters.
+        let kc = "clusters:\n\
+                  - cluster:\n    server:    \"https://127.0.0.1:6443\"   # über den Proxy\n  name: a\n\
+                  - cluster:\n    server:\t\t'https://bücher.example:6443' # ☃\n  name: b\n\
+                  - cluster:\n    server: \t https://größe.example:6443 # ünïcode\n  name: c\n\
+                  - cluster:\n    server:  https://127.0.0.1:6443\n  name: d\n";
+        let r = rewrite_server(kc, "https://10.0.0.100:6443").unwrap();
+        assert!(r.changed && r.in_place, "{}", r.text);
+        assert_eq!(
+            r.old_servers,
+            [
+                "https://127.0.0.1:6443",
+                "https://bücher.example:6443",
+                "https://größe.example:6443",
+                "https://127.0.0.1:6443"
+            ]
+        );
+        // A quoted value is replaced quotes and all: the new server is a plain scalar.
+        let want = "clusters:\n\
+                    - cluster:\n    server:    https://10.0.0.100:6443   # über den Proxy\n  name: a\n\
+                    - cluster:\n    server:\t\thttps://10.0.0.100:6443 # ☃\n  name: b\n\
+                    - cluster:\n    server: \t https://10.0.0.100:6443 # ünïcode\n  name: c\n\
+                    - cluster:\n    server:  https://10.0.0.100:6443\n  name: d\n";
+        assert_eq!(r.text, want);
+    }
+
+    #[test]
+    fn a_list_item_named_server_is_not_a_clusters_and_is_kept_byte_for_byte() {
+        // A cluster's server always sits under `cluster:`, never as a list item's first
+        // key; a `- server:` line elsewhere (here an exec plugin's env) stays as it is, and
+        // the rest of the file keeps its bytes.
+        let kc = "clusters:\n- cluster:\n    server: https://127.0.0.1:6443\n  name: a\nusers:\n- name: u\n  user:\n    exec:\n      command: helper\n      env:\n      - server: https://elsewhere:1\n        name: X\n";
+        let r = rewrite_server(kc, "https://10.0.0.100:6443").unwrap();
+        assert!(r.changed && r.in_place, "{}", r.text);
+        assert_eq!(
+            r.text,
+            kc.replace("https://127.0.0.1:6443", "https://10.0.0.100:6443")
         );
     }
 
