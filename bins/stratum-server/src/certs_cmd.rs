@@ -5,9 +5,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use anyhow::Context as _;
-use ha::operator::KeyAge;
-
 /// `stratum-server certs` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -123,11 +120,7 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
 
 async fn rekey(args: RekeyArgs) -> anyhow::Result<ExitCode> {
     if let Some(file) = &args.key_file {
-        anyhow::ensure!(
-            file.symlink_metadata().is_err(),
-            "{} exists: the key file is never replaced; choose another name. Nothing was changed",
-            file.display()
-        );
+        ha::rekey::key_file_free(file)?;
     }
     let client = cmdline::kube_client(args.kubeconfig.as_deref()).await?;
     let done = ha::rekey::rekey_certs(
@@ -144,16 +137,7 @@ async fn rekey(args: RekeyArgs) -> anyhow::Result<ExitCode> {
     .await?;
     match &args.key_file {
         Some(file) => {
-            let created = common::fsutil::write_atomic_new(
-                file,
-                format!("{}\n", done.key.to_hex()).as_bytes(),
-                0o600,
-            )?;
-            anyhow::ensure!(
-                created,
-                "{} appeared during the rekey and was left alone; the new key is published                  but not saved: run the rekey again",
-                file.display()
-            );
+            ha::rekey::save_key(file, &done.key)?;
             println!("certificate-key written to {}", file.display());
         }
         None => {
@@ -166,18 +150,10 @@ async fn rekey(args: RekeyArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn host_name() -> anyhow::Result<String> {
-    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .context("cannot read the host name: pass --node-name")?;
-    let name = raw.trim().to_lowercase();
-    anyhow::ensure!(!name.is_empty(), "the host name is empty: pass --node-name");
-    Ok(name)
-}
-
 fn generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     let node_name = match args.node_name.clone() {
         Some(n) => n,
-        None => host_name()?,
+        None => pki::NodeIdentity::host_name().map_err(anyhow::Error::msg)?,
     };
     let mut node = pki::NodeIdentity::new(node_name);
     node.node_ip = args.node_ip;
@@ -201,17 +177,6 @@ fn generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
     }
     println!("CA hash pin: {pin}");
     Ok(ExitCode::SUCCESS)
-}
-
-fn human(secs: i64) -> String {
-    let (sign, s) = if secs < 0 { ("-", -secs) } else { ("", secs) };
-    if s >= 86400 {
-        format!("{sign}{}d", s / 86400)
-    } else if s >= 3600 {
-        format!("{sign}{}h", s / 3600)
-    } else {
-        format!("{sign}{}m", s / 60)
-    }
 }
 
 async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
@@ -244,39 +209,24 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             );
             for c in &report.certs {
                 let rel = c.path.strip_prefix(&args.pki_dir).unwrap_or(&c.path);
-                let status = match (&c.error, c.remaining_secs) {
-                    (Some(e), _) => format!("UNREADABLE: {e}"),
-                    (None, Some(left)) if left <= 0 => "EXPIRED".into(),
-                    (None, Some(_)) if c.needs_attention(args.warn_within) => "EXPIRING".into(),
-                    _ => "ok".into(),
-                };
+                let status = c.verdict(args.warn_within);
                 println!(
                     "{:<44} {:<32} {:>9}  {status}",
                     rel.display(),
                     c.not_after,
-                    c.remaining_secs.map(human).unwrap_or_default()
+                    c.remaining_secs
+                        .map(pki::short_duration)
+                        .unwrap_or_default()
                 );
             }
-            match &key {
-                KeyAge::NotChecked => println!(
-                    "\ncertificate-key: not checked (pass --kubeconfig with admin rights to report its age)"
-                ),
-                KeyAge::NotPublished => {
-                    println!("\ncertificate-key: no grant Secret published")
+            println!(
+                "\ncertificate-key: {key}{}",
+                if key_failed {
+                    "  TOO OLD: rotate it"
+                } else {
+                    ""
                 }
-                KeyAge::Set { set_at, age_secs } => println!(
-                    "\ncertificate-key: set {set_at} ({} ago){}",
-                    human(*age_secs),
-                    if key_failed {
-                        "  TOO OLD: rotate it"
-                    } else {
-                        ""
-                    }
-                ),
-                KeyAge::Error { error } => {
-                    println!("\ncertificate-key: could not ask the API server: {error}")
-                }
-            }
+            );
         }
     }
     if report.certs.is_empty() {

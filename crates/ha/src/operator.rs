@@ -135,6 +135,22 @@ pub enum KeyAge {
     },
 }
 
+/// `certs check`'s line for it (after `certificate-key: `).
+impl std::fmt::Display for KeyAge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyAge::NotChecked => {
+                f.write_str("not checked (pass --kubeconfig with admin rights to report its age)")
+            }
+            KeyAge::NotPublished => f.write_str("no grant Secret published"),
+            KeyAge::Set { set_at, age_secs } => {
+                write!(f, "set {set_at} ({} ago)", pki::short_duration(*age_secs))
+            }
+            KeyAge::Error { error } => write!(f, "could not ask the API server: {error}"),
+        }
+    }
+}
+
 impl KeyAge {
     /// Whether `certs check` fails on it: the API could not be asked, or the key is older
     /// than `max_age` (when given).

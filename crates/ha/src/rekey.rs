@@ -40,6 +40,53 @@ pub enum RekeyError {
     /// The publication failed (a lost fence included: see its source).
     #[error(transparent)]
     Grant(#[from] GrantError),
+    /// The key file exists before the rekey: it is never replaced.
+    #[error("{} exists: the key file is never replaced; choose another name. Nothing was changed", path.display())]
+    KeyFileExists {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The key file appeared while the rekey ran: the new key is published, not saved.
+    #[error("{} appeared during the rekey and was left alone; the new key is published but not saved: run the rekey again", path.display())]
+    KeyFileAppeared {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Writing the key file failed: the new key is published, not saved.
+    #[error("cannot save the new key to {}: it is published but not saved; run the rekey again", path.display())]
+    KeyFileWrite {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: common::fsutil::FsError,
+    },
+}
+
+/// Refuses a key file that already exists (a symlink included), before anything changes.
+pub fn key_file_free(path: &std::path::Path) -> Result<(), RekeyError> {
+    if path.symlink_metadata().is_ok() {
+        return Err(RekeyError::KeyFileExists {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Saves the new key to `path` (hex, mode 0600), never replacing a file.
+pub fn save_key(path: &std::path::Path, key: &CertKey) -> Result<(), RekeyError> {
+    let created =
+        common::fsutil::write_atomic_new(path, format!("{}\n", key.to_hex()).as_bytes(), 0o600)
+            .map_err(|source| RekeyError::KeyFileWrite {
+                path: path.to_path_buf(),
+                source,
+            })?;
+    if !created {
+        return Err(RekeyError::KeyFileAppeared {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
 }
 
 /// What a rekey published.

@@ -22,7 +22,56 @@ pub struct CertStatus {
     pub error: Option<String>,
 }
 
+/// What `certs check` says of one certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// It could not be read or parsed (why).
+    Unreadable(String),
+    /// Its expiry has passed.
+    Expired,
+    /// It expires within the warning window.
+    Expiring,
+    /// Valid beyond the window.
+    Ok,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Verdict::Unreadable(e) => write!(f, "UNREADABLE: {e}"),
+            Verdict::Expired => f.write_str("EXPIRED"),
+            Verdict::Expiring => f.write_str("EXPIRING"),
+            Verdict::Ok => f.write_str("ok"),
+        }
+    }
+}
+
+/// Seconds as `certs check` prints them: whole days, else hours, else minutes (`-` when
+/// negative: an expired certificate's time left).
+pub fn short_duration(secs: i64) -> String {
+    let s = secs.unsigned_abs();
+    let sign = if secs < 0 { "-" } else { "" };
+    if s >= 86400 {
+        format!("{sign}{}d", s / 86400)
+    } else if s >= 3600 {
+        format!("{sign}{}h", s / 3600)
+    } else {
+        format!("{sign}{}m", s / 60)
+    }
+}
+
 impl CertStatus {
+    /// This certificate's verdict with a warning window of `within`.
+    pub fn verdict(&self, within: Duration) -> Verdict {
+        match (&self.error, self.remaining_secs) {
+            (Some(e), _) => Verdict::Unreadable(e.clone()),
+            (None, None) => Verdict::Unreadable("no expiry".into()),
+            (None, Some(left)) if left <= 0 => Verdict::Expired,
+            (None, Some(_)) if self.needs_attention(within) => Verdict::Expiring,
+            (None, Some(_)) => Verdict::Ok,
+        }
+    }
+
     /// Whether this certificate is unreadable, expired, or expires within `within`.
     pub fn needs_attention(&self, within: Duration) -> bool {
         match self.remaining_secs {
@@ -121,4 +170,47 @@ pub fn check(dir: &Path, now: SystemTime) -> Result<CheckReport, PkiError> {
     Ok(CheckReport {
         certs: paths.into_iter().map(|p| status(p, now)).collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert(remaining_secs: Option<i64>, error: Option<&str>) -> CertStatus {
+        CertStatus {
+            path: "ca.crt".into(),
+            subject: String::new(),
+            not_after_unix: None,
+            not_after: String::new(),
+            remaining_secs,
+            error: error.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn verdicts_at_the_window_edges() {
+        let day = Duration::from_secs(86400);
+        assert_eq!(cert(Some(0), None).verdict(day), Verdict::Expired);
+        assert_eq!(cert(Some(-5), None).verdict(day), Verdict::Expired);
+        assert_eq!(cert(Some(86399), None).verdict(day), Verdict::Expiring);
+        assert_eq!(cert(Some(86400), None).verdict(day), Verdict::Ok);
+        assert_eq!(
+            cert(None, Some("bad PEM")).verdict(day).to_string(),
+            "UNREADABLE: bad PEM"
+        );
+        assert!(matches!(
+            cert(None, None).verdict(day),
+            Verdict::Unreadable(_)
+        ));
+        assert_eq!(Verdict::Expiring.to_string(), "EXPIRING");
+    }
+
+    #[test]
+    fn short_durations() {
+        assert_eq!(short_duration(3 * 86400 + 5), "3d");
+        assert_eq!(short_duration(86399), "23h");
+        assert_eq!(short_duration(3600), "1h");
+        assert_eq!(short_duration(3599), "59m");
+        assert_eq!(short_duration(-7200), "-2h");
+    }
 }

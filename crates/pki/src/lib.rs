@@ -48,7 +48,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 pub use ca::{Ca, IssuedCert, LeafSpec, Usage};
-pub use check::{CertStatus, CheckReport, check};
+pub use check::{CertStatus, CheckReport, Verdict, check, short_duration};
 pub use kubeconfig::{
     CLUSTER_ADMINS_GROUP, KUBECONFIG_FILES, Kubeconfig, SUPER_ADMIN_KUBECONFIG, write_kubeconfigs,
 };

@@ -36,6 +36,17 @@ impl NodeIdentity {
         }
     }
 
+    /// This host's name, lower-cased: the default node name (as kubeadm takes it).
+    pub fn host_name() -> Result<String, String> {
+        let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_err(|e| format!("cannot read the host name ({e}): pass --node-name"))?;
+        let name = raw.trim().to_lowercase();
+        if name.is_empty() {
+            return Err("the host name is empty: pass --node-name".into());
+        }
+        Ok(name)
+    }
+
     /// The apiserver serving certificate's SANs.
     pub fn apiserver_spec(&self) -> LeafSpec {
         let mut spec = LeafSpec::new("kube-apiserver", &[Usage::ServerAuth]);
