@@ -80,6 +80,37 @@ pub fn start_runner(
     }
 }
 
+/// The API double, a memory provider `mem` polled every 200 ms, its runner with the
+/// default pod controller, and the pods of `default`: the setup most tests share.
+pub struct MemoryRig {
+    pub server: testkube::ApiServer,
+    pub client: kube::Client,
+    pub provider: vnode::providers::memory::MemoryProvider,
+    pub running: Running,
+    pub pods: Api<Pod>,
+}
+
+pub async fn memory_rig() -> anyhow::Result<MemoryRig> {
+    init_logs();
+    let server = testkube::ApiServer::start().await?;
+    let client = server.client();
+    let provider = vnode::providers::memory::MemoryProvider::new("mem", Duration::from_millis(200));
+    let running = start_runner(
+        client.clone(),
+        Arc::new(provider.clone()),
+        None,
+        PodControllerConfig::default(),
+    );
+    let pods = Api::namespaced(client.clone(), "default");
+    Ok(MemoryRig {
+        server,
+        client,
+        provider,
+        running,
+        pods,
+    })
+}
+
 /// A pod bound to `node` running `command`.
 pub fn pod(name: &str, node: &str, command: &[&str]) -> Pod {
     serde_json::from_value(json!({

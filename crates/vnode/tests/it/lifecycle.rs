@@ -124,17 +124,13 @@ async fn memory_pod_is_provisioned_running_annotated_and_terminated_on_delete() 
 
 #[tokio::test]
 async fn instance_exit_and_vanishing_are_reported_on_the_pod() -> anyhow::Result<()> {
-    init_logs();
-    let server = testkube::ApiServer::start().await?;
-    let client = server.client();
-    let provider = MemoryProvider::new("mem", Duration::from_millis(200));
-    let _running = start_runner(
-        client.clone(),
-        Arc::new(provider.clone()),
-        None,
-        PodControllerConfig::default(),
-    );
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let MemoryRig {
+        server: _server,
+        client: _,
+        provider,
+        running: _running,
+        pods,
+    } = memory_rig().await?;
     for name in ["done", "lost"] {
         create(&pods, &pod(name, "nebula-mem", &["x"])).await?;
         wait_running(&pods, name).await?;

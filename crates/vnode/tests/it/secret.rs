@@ -35,17 +35,13 @@ pub fn assert_owned(secret: &Secret, pod: &Pod) {
 
 #[tokio::test]
 async fn the_connect_secret_is_owned_by_the_pod_and_collected_with_it() -> anyhow::Result<()> {
-    init_logs();
-    let server = testkube::ApiServer::start().await?;
-    let client = server.client();
-    let provider = MemoryProvider::new("mem", Duration::from_millis(200));
-    let _running = start_runner(
-        client.clone(),
-        Arc::new(provider.clone()),
-        None,
-        PodControllerConfig::default(),
-    );
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let MemoryRig {
+        server,
+        client,
+        provider,
+        running: _running,
+        pods,
+    } = memory_rig().await?;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     create(&pods, &pod("web", "nebula-mem", &["serve"])).await?;
     let p = wait_running(&pods, "web").await?;

@@ -38,17 +38,13 @@ fn applied(p: &Pod) -> Option<String> {
 
 #[tokio::test]
 async fn a_label_and_an_image_change_reach_the_provider_once_each() -> anyhow::Result<()> {
-    init_logs();
-    let server = testkube::ApiServer::start().await?;
-    let client = server.client();
-    let provider = MemoryProvider::new("mem", Duration::from_millis(200));
-    let _running = start_runner(
-        client.clone(),
-        Arc::new(provider.clone()),
-        None,
-        PodControllerConfig::default(),
-    );
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let MemoryRig {
+        server,
+        client,
+        provider,
+        running: _running,
+        pods,
+    } = memory_rig().await?;
     let mut p = pod("web", "nebula-mem", &["serve"]);
     p.metadata.labels = Some([("tier".to_string(), "a".to_string())].into());
     create(&pods, &p).await?;
@@ -192,17 +188,13 @@ async fn a_change_the_provider_cannot_apply_gets_a_condition_and_an_event_once()
 
 #[tokio::test]
 async fn an_unreachable_provider_gets_the_change_once_it_answers() -> anyhow::Result<()> {
-    init_logs();
-    let server = testkube::ApiServer::start().await?;
-    let client = server.client();
-    let provider = MemoryProvider::new("mem", Duration::from_millis(200));
-    let _running = start_runner(
-        client.clone(),
-        Arc::new(provider.clone()),
-        None,
-        PodControllerConfig::default(),
-    );
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let MemoryRig {
+        server: _server,
+        client: _,
+        provider,
+        running: _running,
+        pods,
+    } = memory_rig().await?;
     create(&pods, &pod("web", "nebula-mem", &["serve"])).await?;
     wait_running(&pods, "web").await?;
     provider.faults().unreachable = true;
