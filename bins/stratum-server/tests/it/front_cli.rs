@@ -3,23 +3,10 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::Output;
-use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 
-fn stratum_server(args: &[&str]) -> anyhow::Result<Output> {
-    std::process::Command::new(env!("CARGO_BIN_EXE_stratum-server"))
-        .args(args)
-        .env_remove("KUBECONFIG")
-        .env_remove("STRATUM_ETCD_ENDPOINTS")
-        .output()
-        .context("cannot run stratum-server")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use crate::cli::{stratum_server, text};
 
 fn which(name: &str) -> Option<std::path::PathBuf> {
     std::env::var_os("PATH")?
@@ -147,58 +134,12 @@ fn front_render_and_check_as_a_user_runs_them() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Kills the member when the test ends.
-struct Member(std::process::Child);
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn etcd_downgrade_on_3_4_is_refused_and_the_front_follows_its_members() -> anyhow::Result<()> {
     let etcd = which("etcd").context("etcd not found on PATH: apt-get install etcd-server")?;
     let tmp = tempfile::tempdir()?;
     let ip = "127.0.0.46";
-    let free = || -> anyhow::Result<u16> { Ok(TcpListener::bind((ip, 0))?.local_addr()?.port()) };
-    let (client, peer) = (free()?, free()?);
-    let client_url = format!("http://{ip}:{client}");
-    let peer_url = format!("http://{ip}:{peer}");
-    let log = std::fs::File::create(tmp.path().join("etcd.log"))?;
-    let _member = Member(
-        std::process::Command::new(&etcd)
-            .args(["--name", "m1", "--data-dir"])
-            .arg(tmp.path().join("data"))
-            .args([
-                "--listen-client-urls",
-                &client_url,
-                "--advertise-client-urls",
-                &client_url,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer_url,
-                "--initial-advertise-peer-urls",
-                &peer_url,
-            ])
-            .args(["--initial-cluster", &format!("m1={peer_url}")])
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?,
-    );
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let out = stratum_server(&["etcd", "members", "--endpoints", &client_url])?;
-        if out.status.success() {
-            break;
-        }
-        if std::time::Instant::now() > deadline {
-            bail!("etcd did not answer: {}", text(&out.stderr));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let (_member, client_url) = crate::cli::plain_member(&etcd, ip, tmp.path())?;
 
     let out = stratum_server(&[
         "etcd",
