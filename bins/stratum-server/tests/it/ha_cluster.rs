@@ -837,16 +837,21 @@ async fn remove_member(c: &Cluster, id: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn connect(c: &Cluster) -> anyhow::Result<etcd_client::Client> {
+/// mTLS as the API server's etcd client, from the first node's PKI.
+pub(crate) fn client_tls(c: &Cluster) -> anyhow::Result<etcd_client::TlsOptions> {
     let pki = c.nodes[0].pki();
-    let tls = etcd_client::TlsOptions::new()
+    Ok(etcd_client::TlsOptions::new()
         .ca_certificate(etcd_client::Certificate::from_pem(std::fs::read(
             pki.join("etcd/ca.crt"),
         )?))
         .identity(etcd_client::Identity::from_pem(
             std::fs::read(pki.join("apiserver-etcd-client.crt"))?,
             std::fs::read(pki.join("apiserver-etcd-client.key"))?,
-        ));
+        )))
+}
+
+async fn connect(c: &Cluster) -> anyhow::Result<etcd_client::Client> {
+    let tls = client_tls(c)?;
     Ok(etcd_client::Client::connect(
         [c.nodes[0].client_url.as_str()],
         Some(etcd_client::ConnectOptions::new().with_tls(tls)),

@@ -23,15 +23,7 @@ fn etcdctl() -> anyhow::Result<std::path::PathBuf> {
 
 /// A client bound to one member only, so a read is that member's answer.
 async fn client_of(c: &Cluster, url: &str) -> anyhow::Result<etcd_client::Client> {
-    let pki = c.nodes[0].pki();
-    let tls = etcd_client::TlsOptions::new()
-        .ca_certificate(etcd_client::Certificate::from_pem(std::fs::read(
-            pki.join("etcd/ca.crt"),
-        )?))
-        .identity(etcd_client::Identity::from_pem(
-            std::fs::read(pki.join("apiserver-etcd-client.crt"))?,
-            std::fs::read(pki.join("apiserver-etcd-client.key"))?,
-        ));
+    let tls = crate::ha_cluster::client_tls(c)?;
     Ok(etcd_client::Client::connect(
         [url],
         Some(
