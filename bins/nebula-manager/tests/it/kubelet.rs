@@ -335,29 +335,12 @@ out = stream(api.connect_get_namespaced_pod_exec, "srv", "default",
              stderr=True, stdin=False, stdout=True, tty=False)
 sys.stdout.write(out)
 "#;
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new("timeout")
-            .arg("50")
-            .arg(python)
-            .arg("-u")
-            .arg("-c")
-            .arg(script)
-            .arg(&kc)
-            .output(),
-    )
-    .await
-    .expect("the python client did not finish within 60 s")
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !stderr.contains("No module named 'kubernetes'"),
-        "the kubernetes module is missing: apt-get install python3-kubernetes"
-    );
+    let out = run_python(python, script, &[kc.to_str().unwrap()], "exec").await;
     assert!(
         out.status.success(),
-        "python client failed ({:?}): {stderr}; it wrote {:?}",
+        "python client failed ({:?}): {}; it wrote {:?}",
         out.status,
+        String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "served by the pod\n");
@@ -385,21 +368,14 @@ if error:
     sys.exit("port-forward error: " + error)
 sys.stdout.write(data.decode().split("\r\n\r\n", 1)[1])
 "#;
-    let out = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new("timeout")
-            .arg("50")
-            .arg(python)
-            .arg("-u")
-            .arg("-c")
-            .arg(script)
-            .arg(&kc)
-            .arg(pod_port.to_string())
-            .output(),
+    let port = pod_port.to_string();
+    let out = run_python(
+        python,
+        script,
+        &[kc.to_str().unwrap(), &port],
+        "port-forward",
     )
-    .await
-    .expect("the python client's port-forward did not finish within 60 s")
-    .unwrap();
+    .await;
     assert!(
         out.status.success(),
         "python port-forward failed ({:?}, 124 is the 50 s timeout): {}; it wrote {:?}",
@@ -408,6 +384,36 @@ sys.stdout.write(data.decode().split("\r\n\r\n", 1)[1])
         String::from_utf8_lossy(&out.stdout)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "served by the pod\n");
+}
+
+/// Runs a python `kubernetes` client script (under `timeout 50`, and at most 60 s) with
+/// `args`; fails at once, naming the package, when the module is missing.
+async fn run_python(
+    python: &std::path::Path,
+    script: &str,
+    args: &[&str],
+    what: &str,
+) -> std::process::Output {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("timeout")
+            .arg("50")
+            .arg(python)
+            .arg("-u")
+            .arg("-c")
+            .arg(script)
+            .args(args)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the python client's {what} did not finish within 60 s"))
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("No module named 'kubernetes'"),
+        "the kubernetes module is missing: apt-get install python3-kubernetes"
+    );
+    out
 }
 
 #[tokio::test]
