@@ -1265,11 +1265,40 @@ impl Attacher for ProcessProvider {
             if let Some(mut rx) = io.resize {
                 let pgid = rec.pid;
                 side.0.push(tokio::spawn(async move {
-                    while let Some((cols, rows)) = rx.recv().await {
-                        match group_terminal(pgid) {
-                            Some(t) => set_size(&t, cols, rows),
-                            None => tracing::debug!(pgid, "attach resize: the process group has no terminal"),
-                        }
+                    // A pod just started may not have its terminal yet (`script` opens it
+                    // after it starts): keep the last size asked for and apply it once
+                    // the terminal shows, rather than dropping the client's first size.
+                    let mut pending: Option<(u16, u16)> = None;
+                    let mut tries = 0u32;
+                    loop {
+                        let next = match pending {
+                            None => rx.recv().await,
+                            Some(_) => {
+                                tokio::select! {
+                                    got = rx.recv() => got,
+                                    () = tokio::time::sleep(Duration::from_millis(100)) => pending,
+                                }
+                            }
+                        };
+                        let Some((cols, rows)) = next else { break };
+                        pending = match group_terminal(pgid) {
+                            Some(t) => {
+                                set_size(&t, cols, rows);
+                                tries = 0;
+                                None
+                            }
+                            // A pod without a terminal never gets one: stop asking after
+                            // a minute (the next size the client sends tries again).
+                            None if tries < 600 => {
+                                tries += 1;
+                                Some((cols, rows))
+                            }
+                            None => {
+                                tracing::debug!(pgid, "attach resize: the process group has no terminal");
+                                tries = 0;
+                                None
+                            }
+                        };
                     }
                 }));
             }
