@@ -867,8 +867,11 @@ async fn operator_prunes_the_grants_of_expired_tokens_and_reports_the_key_age() 
     let pki = tempfile::tempdir()?;
     pki::generate_shared(pki.path(), false)?;
     let files = ha::grants::read_bundle_files(pki.path())?;
+    // The live grant first: an upload drops the entries of expired tokens, so one made
+    // after the short-lived token's (late, on a loaded machine) would prune it before the
+    // operator. 3 s, not 1: its own upload must come before it expires.
     let mut entries = Vec::new();
-    for ttl in [1, 3600] {
+    for ttl in [3600, 3] {
         let minted = ha::tokens::create_token(
             &client,
             ha::tokens::TokenRole::ControlPlane,
@@ -888,7 +891,7 @@ async fn operator_prunes_the_grants_of_expired_tokens_and_reports_the_key_age() 
         .await?;
         entries.push(ha::grants::grant_entry_name(minted.token.id()));
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
     let out = Command::new(env!("CARGO_BIN_EXE_stratum-server"))
         .args(["operator", "--once", "--kubeconfig"])
         .arg(api.kubeconfig_path())
@@ -900,9 +903,12 @@ async fn operator_prunes_the_grants_of_expired_tokens_and_reports_the_key_age() 
         String::from_utf8_lossy(&out.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    // The expired token's grant, and the legacy entry its mint (the newest) sealed.
+    let mut pruned: Vec<String> = serde_json::from_value(report["pruned"].clone())?;
+    pruned.sort();
     assert_eq!(
-        report["pruned"],
-        serde_json::json!([entries[0]]),
+        pruned,
+        ["certs".to_string(), entries[1].clone()],
         "{report}"
     );
     assert!(
@@ -914,7 +920,7 @@ async fn operator_prunes_the_grants_of_expired_tokens_and_reports_the_key_age() 
         .await?;
     let keys: Vec<String> = secret.data.unwrap_or_default().into_keys().collect();
     assert!(
-        !keys.contains(&entries[0]) && keys.contains(&entries[1]),
+        !keys.contains(&entries[1]) && keys.contains(&entries[0]),
         "{keys:?}"
     );
 
@@ -958,7 +964,7 @@ async fn the_operator_holds_its_lease_prunes_as_leader_and_serves_metrics() -> a
     pki::generate_shared(pki.path(), false)?;
     // A live grant keeps the Secret (garbage collection would remove it with its last
     // owning token otherwise). Published first: an upload drops the entries of expired
-    // tokens, so one after the 1 s token's would race the operator to the prune.
+    // tokens, so one after the short-lived token's would race the operator to the prune.
     let live = ha::tokens::create_token(
         &client,
         ha::tokens::TokenRole::ControlPlane,
@@ -976,10 +982,11 @@ async fn the_operator_holds_its_lease_prunes_as_leader_and_serves_metrics() -> a
         ha::grants::no_confirm,
     )
     .await?;
+    // 3 s, not 1: its own upload must come before it expires, even on a loaded machine.
     let minted = ha::tokens::create_token(
         &client,
         ha::tokens::TokenRole::ControlPlane,
-        Duration::from_secs(1),
+        Duration::from_secs(3),
         None,
         jiff::Timestamp::now(),
     )
