@@ -243,7 +243,37 @@ impl EtcdCluster {
         for i in 0..n {
             cluster.wait_ready(i).await?;
         }
+        cluster.wait_published(n).await?;
         Ok(cluster)
+    }
+
+    /// Waits until every member's view of the membership lists `n` members, each with its
+    /// name and client URLs. A member publishes those through raft after it starts serving,
+    /// so a member can know its leader while another's list still shows it unstarted.
+    async fn wait_published(&self, n: usize) -> anyhow::Result<()> {
+        let opts = self.options();
+        let start = Instant::now();
+        for ep in self.endpoints() {
+            loop {
+                let seen = ha::etcd::member_list_via(&opts, std::slice::from_ref(&ep)).await;
+                let done = seen.as_ref().is_ok_and(|(_, members)| {
+                    members.len() == n
+                        && members
+                            .iter()
+                            .all(|m| !m.name.is_empty() && !m.client_urls.is_empty())
+                });
+                if done {
+                    break;
+                }
+                if start.elapsed() > READY_TIMEOUT {
+                    bail!(
+                        "the membership seen at {ep} does not list {n} started members after {READY_TIMEOUT:?}: {seen:?}"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
     }
 
     /// Allocates the next address and two free ports for a member to be added.

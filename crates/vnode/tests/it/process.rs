@@ -9,9 +9,16 @@ use vnode::{ExecIo, InstanceState, LogOptions, Provider, ProvisionRequest};
 
 use crate::common::*;
 
-fn req(claim: &str, script: &str) -> ProvisionRequest {
+/// A claim unique to this test process: claim tags are found machine-wide (a restarted
+/// manager finds its processes by them), so a process left by another run, or by a test
+/// running at the same time, must never carry the same one.
+fn claim(name: &str) -> String {
+    format!("{name}-{}", std::process::id())
+}
+
+fn req(name: &str, script: &str) -> ProvisionRequest {
     ProvisionRequest {
-        claim: claim.into(),
+        claim: claim(name),
         namespace: "default".into(),
         pod_name: "p".into(),
         command: vec!["/bin/sh".into(), "-c".into(), script.into()],
@@ -54,7 +61,11 @@ async fn a_reused_pid_is_not_taken_for_the_instance() -> anyhow::Result<()> {
     let state = tempfile::tempdir()?;
     let p = ProcessProvider::new("proc", state.path())?;
     let a = p.provision(&req("nebula-bbbb", "exec sleep 1000")).await?;
-    let record = state.path().join("proc/nebula-bbbb/instance.json");
+    let record = state
+        .path()
+        .join("proc")
+        .join(claim("nebula-bbbb"))
+        .join("instance.json");
     // Pretend the recorded process died and its PID now belongs to someone else: the
     // record's start time no longer matches the live process.
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&record)?)?;
@@ -130,7 +141,12 @@ async fn exec_port_forward_stats_and_log_tail() -> anyhow::Result<()> {
         out,
         format!(
             "hi\n{}\n",
-            state.path().join("proc/nebula-cccc/root").display()
+            state
+                .path()
+                .join("proc")
+                .join(claim("nebula-cccc"))
+                .join("root")
+                .display()
         )
     );
     // Port-forward reaches a port on loopback.
@@ -320,7 +336,7 @@ async fn attach_to_a_terminal_pod_sets_its_size() -> anyhow::Result<()> {
     let (resize_tx, resize_rx) = tokio::sync::mpsc::channel(4);
     let attacher = p.clone();
     let id = a.id.clone();
-    let session = tokio::spawn(async move {
+    let mut session = tokio::spawn(async move {
         let io = ExecIo {
             stdin: Some(Box::pin(stdin_r)),
             stdout: Some(Box::pin(out_w)),
@@ -335,7 +351,17 @@ async fn attach_to_a_terminal_pod_sets_its_size() -> anyhow::Result<()> {
     let mut out = Vec::new();
     let text = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            stdin_w.write_all(b"x\n").await?;
+            if let Err(e) = stdin_w.write_all(b"x\n").await {
+                let ended = if session.is_finished() {
+                    format!("{:?}", (&mut session).await)
+                } else {
+                    "still running".into()
+                };
+                anyhow::bail!(
+                    "writing to the session's stdin: {e}; the session: {ended}; output so far {:?}",
+                    String::from_utf8_lossy(&out)
+                );
+            }
             let mut chunk = [0u8; 4096];
             let n = tokio::time::timeout(Duration::from_millis(500), out_r.read(&mut chunk))
                 .await
