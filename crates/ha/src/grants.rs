@@ -25,6 +25,7 @@
 //! reads and writes through `kube::Api`.
 
 pub mod disk;
+pub mod fence_policy;
 // The pure parts live in `hacore` (no kube client in its tree); re-exported here.
 pub use hacore::grants::{envelope, plan};
 pub mod rbac;
@@ -174,6 +175,21 @@ pub enum GrantError {
     /// The maintenance fence Lease could not be written.
     #[error(transparent)]
     Fence(#[from] crate::fence::FenceError),
+    /// The join fence policy was written but the API server did not enforce it in time: the
+    /// Role that lets the bootstrap group update the fence was not written.
+    #[error(
+        "the admission policy {policy} is stored but not enforced after {}s (a dry-run probe \
+         was still admitted); the API server needs ValidatingAdmissionPolicy \
+         (admissionregistration.k8s.io/v1, Kubernetes 1.30+). The reader Role was not written: \
+         run this again once the policy is enforced",
+        waited.as_secs()
+    )]
+    PolicyNotEnforced {
+        /// The policy's name.
+        policy: &'static str,
+        /// How long it was waited for.
+        waited: std::time::Duration,
+    },
     /// The pki dir could not be read.
     #[error(transparent)]
     Pki(#[from] pki::PkiError),

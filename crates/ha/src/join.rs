@@ -103,6 +103,10 @@ pub enum JoinError {
     /// The grant download refused: nothing was written.
     #[error("the certificate grant could not be downloaded; no member was added")]
     Grant(#[source] GrantError),
+    /// The maintenance fence could not be taken (another maintenance operation, such as a
+    /// rekey, holds it): nothing was written.
+    #[error("cannot take the maintenance fence for the certificate download; no member was added")]
+    Fence(#[source] crate::fence::FenceError),
     /// Reading the published etcd endpoints failed.
     #[error("cannot read the cluster's etcd endpoints; nothing was written")]
     Endpoints(#[source] bootstrap::PublishError),
@@ -305,25 +309,37 @@ impl JoinAssembly<'_> {
         let published = bootstrap::read_etcd_endpoints(&client)
             .await
             .map_err(JoinError::Endpoints)?;
+        // The download runs under the maintenance fence, held under this token's own name
+        // (the join fence policy allows no other), so a rekey or a rotation's re-upload never
+        // interleaves with it. Released right after; a failed release only leaves the term to
+        // run out.
+        let fence =
+            crate::fence::Fence::take(&client, &hacore::fence::joiner_identity(o.token.id()))
+                .await
+                .map_err(JoinError::Fence)?;
         let mut endpoints = Vec::new();
-        let profile = grants::download_grant(&client, o.token.id(), &o.pki_dir, &o.cert_key, |p| {
-            endpoints = if p.etcd_endpoints.is_empty() {
-                published.clone()
-            } else {
-                p.etcd_endpoints.clone()
-            };
-            if endpoints.is_empty() {
-                return Err(
-                    "the grant records no etcd endpoints and the cluster publishes none \
+        let downloaded =
+            grants::download_grant(&client, o.token.id(), &o.pki_dir, &o.cert_key, |p| {
+                endpoints = if p.etcd_endpoints.is_empty() {
+                    published.clone()
+                } else {
+                    p.etcd_endpoints.clone()
+                };
+                if endpoints.is_empty() {
+                    return Err(
+                        "the grant records no etcd endpoints and the cluster publishes none \
                     in kube-system/stratum-control-plane: mint the join with `token create \
                     --etcd-endpoint URL`"
-                        .into(),
-                );
-            }
-            Ok(())
-        })
-        .await
-        .map_err(JoinError::Grant)?;
+                            .into(),
+                    );
+                }
+                Ok(())
+            })
+            .await;
+        if let Err(e) = fence.release().await {
+            tracing::warn!(error = %e, "the maintenance fence was not released; its term runs out by itself");
+        }
+        let profile = downloaded.map_err(JoinError::Grant)?;
         self.endpoints = endpoints;
         self.discovered = Some(found);
         self.profile = Some(profile);

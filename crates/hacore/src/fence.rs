@@ -7,8 +7,13 @@
 //! while a call stalled stops instead of overwriting its successor's work. A lease whose
 //! holder stopped renewing is free once `renewTime + leaseDurationSeconds` has passed.
 
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, Validation,
+};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// The fence Lease's namespace.
@@ -121,6 +126,104 @@ pub fn release(observed: Option<&Lease>, me: &str, now: Timestamp) -> Option<Lea
         spec.acquire_time = None;
     }
     Some(lease)
+}
+
+/// The admission policy that keeps the control-plane bootstrap group to its own fence: a
+/// joining control plane authenticates with a bootstrap token that the reader Role lets
+/// `update` the fence Lease, and RBAC cannot say "only under your own name". The policy
+/// does: a write of the fence Lease by a member of that group must name the caller
+/// (`system:bootstrap:<token-id>`) as holder, or release a term the caller held.
+pub const JOIN_FENCE_POLICY: &str = "stratum-join-fence";
+/// The annotation a dry-run write carries to probe that the policy is enforced: the policy
+/// refuses any write carrying it, from anyone, so a refusal proves the serving API server
+/// enforces the policy (and an acceptance that it does not yet).
+pub const FENCE_PROBE_ANNOTATION: &str = "outpost.dhnt.io/fence-probe";
+/// The message of the probe's refusal, which the prober looks for.
+pub const FENCE_PROBE_MESSAGE: &str = "enforcement probe: the join fence policy is in force";
+
+/// The wanted join fence policy, with the defaults kube-apiserver stores spelled out so
+/// that a stored policy compares equal to it.
+pub fn join_fence_policy(group: &str) -> ValidatingAdmissionPolicy {
+    let in_group = format!("request.userInfo.groups.exists(g, g == '{group}')");
+    let probing = format!(
+        "has(object.metadata.annotations) && '{FENCE_PROBE_ANNOTATION}' in object.metadata.annotations"
+    );
+    let holder = |o: &str| {
+        format!("has({o}.spec) && has({o}.spec.holderIdentity) && {o}.spec.holderIdentity")
+    };
+    let own_name = format!(
+        "({new} == request.userInfo.username) || \
+         ((!has(object.spec) || !has(object.spec.holderIdentity) || object.spec.holderIdentity == '') \
+          && oldObject != null && {old} == request.userInfo.username)",
+        new = holder("object"),
+        old = holder("oldObject"),
+    );
+    ValidatingAdmissionPolicy {
+        metadata: ObjectMeta {
+            name: Some(JOIN_FENCE_POLICY.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                match_policy: Some("Equivalent".into()),
+                namespace_selector: Some(LabelSelector::default()),
+                object_selector: Some(LabelSelector::default()),
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec!["coordination.k8s.io".into()]),
+                    api_versions: Some(vec!["v1".into()]),
+                    operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                    resources: Some(vec!["leases".into()]),
+                    resource_names: Some(vec![FENCE_LEASE.into()]),
+                    scope: Some("*".into()),
+                }]),
+                exclude_resource_rules: None,
+            }),
+            match_conditions: Some(vec![MatchCondition {
+                name: "bootstrap-group-or-probe".into(),
+                expression: format!("{in_group} || ({probing})"),
+            }]),
+            validations: Some(vec![
+                Validation {
+                    expression: format!("!({probing})"),
+                    message: Some(FENCE_PROBE_MESSAGE.into()),
+                    ..Validation::default()
+                },
+                Validation {
+                    expression: own_name,
+                    message: Some(
+                        "the control-plane bootstrap group may hold the maintenance fence \
+                         only under its own name (system:bootstrap:<token-id>)"
+                            .into(),
+                    ),
+                    reason: Some("Forbidden".into()),
+                    ..Validation::default()
+                },
+            ]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The binding that puts [`join_fence_policy`] in force (deny, no parameters).
+pub fn join_fence_binding() -> ValidatingAdmissionPolicyBinding {
+    ValidatingAdmissionPolicyBinding {
+        metadata: ObjectMeta {
+            name: Some(JOIN_FENCE_POLICY.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(JOIN_FENCE_POLICY.into()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..ValidatingAdmissionPolicyBindingSpec::default()
+        }),
+    }
+}
+
+/// The bootstrap-token user name a joining control plane holds the fence as.
+pub fn joiner_identity(token_id: &str) -> String {
+    format!("system:bootstrap:{token_id}")
 }
 
 #[cfg(test)]

@@ -278,6 +278,7 @@ pub fn create(st: &State, req: &Request) -> Reply {
         {
             return Err(ApiError::already_exists(req.res, &name));
         }
+        crate::admission::admit(&g, req, crate::admission::Operation::Create, &obj, None)?;
         if is_dry_run(req) {
             Arc::new(obj)
         } else {
@@ -674,6 +675,15 @@ fn write_update(
         return Err(ApiError::invalid(req.res, &name, &causes));
     }
     new["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"].clone();
+    // Validating admission runs on every update that passed validation, a no-op or a dry
+    // run included (kube-apiserver admits before the storage compares).
+    crate::admission::admit(
+        g,
+        req,
+        crate::admission::Operation::Update,
+        &new,
+        Some(existing),
+    )?;
     if new == **existing || is_dry_run(req) {
         // kube-apiserver skips the write when nothing changed: same resourceVersion,
         // no watch event.

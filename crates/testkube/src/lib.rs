@@ -22,6 +22,7 @@
 //! printing for kubectl), [`protobuf`] (the request bodies kubectl 1.32+ sends), and the
 //! kubelet side: [`proxy`] and the stub [`kubelet`].
 
+pub mod admission;
 mod api;
 pub mod auth;
 pub mod body;

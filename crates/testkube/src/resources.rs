@@ -232,6 +232,30 @@ pub static RESOURCES: &[Resource] = &[
         )
     },
     Resource {
+        tracks_generation: true,
+        ..res(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicy",
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicy",
+            false,
+            true,
+        )
+    },
+    Resource {
+        tracks_generation: true,
+        ..res(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+            "validatingadmissionpolicybinding",
+            false,
+            false,
+        )
+    },
+    Resource {
         short_names: &["ds"],
         tracks_generation: true,
         ..res(

@@ -107,6 +107,8 @@ pub fn validate(res: &Resource, obj: &Value) -> Vec<Cause> {
         "secrets" => validate_secret(obj, &mut causes),
         "nodes" => validate_node(obj, &mut causes),
         "configmaps" => validate_configmap(obj, &mut causes),
+        crate::admission::POLICIES => crate::admission::validate_policy(obj, &mut causes),
+        crate::admission::BINDINGS => crate::admission::validate_binding(obj, &mut causes),
         _ => {}
     }
     causes
@@ -587,6 +589,9 @@ pub fn prepare_create(res: &Resource, obj: &mut Value) {
     } else {
         obj["metadata"]["generation"] = json!(1);
     }
+    if res.plural == crate::admission::POLICIES {
+        crate::admission::default_policy(obj);
+    }
     match res.plural {
         "pods" => {
             default_pod(obj);
@@ -792,6 +797,9 @@ pub fn validate_meta_update(new: &Value, old: &Value) -> Vec<Cause> {
 /// `PrepareForUpdate` of a main (non-status) update: the stored status is kept and the
 /// generation moves when the spec changes.
 pub fn prepare_update(res: &Resource, new: &mut Value, old: &Value) {
+    if res.plural == crate::admission::POLICIES {
+        crate::admission::default_policy(new);
+    }
     if res.plural == "pods" {
         // Defaulting runs on every decoded body, so a PUT without the defaulted fields
         // does not read as a spec change.

@@ -45,7 +45,7 @@ fn roundtrip<T: DeserializeOwned + Serialize>(v: &Value) -> Result<Value, String
 
 /// The object as its Go type would hold it, or the decoding error.
 fn through_type(res: &Resource, obj: &Value) -> Option<Result<Value, String>> {
-    use k8s_openapi::api::{apps, coordination, core, events, rbac};
+    use k8s_openapi::api::{admissionregistration, apps, coordination, core, events, rbac};
     Some(match (res.group, res.plural) {
         ("", "namespaces") => roundtrip::<core::v1::Namespace>(obj),
         ("", "nodes") => roundtrip::<core::v1::Node>(obj),
@@ -63,6 +63,12 @@ fn through_type(res: &Resource, obj: &Value) -> Option<Result<Value, String>> {
         ("rbac.authorization.k8s.io", "clusterroles") => roundtrip::<rbac::v1::ClusterRole>(obj),
         ("rbac.authorization.k8s.io", "clusterrolebindings") => {
             roundtrip::<rbac::v1::ClusterRoleBinding>(obj)
+        }
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies") => {
+            roundtrip::<admissionregistration::v1::ValidatingAdmissionPolicy>(obj)
+        }
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings") => {
+            roundtrip::<admissionregistration::v1::ValidatingAdmissionPolicyBinding>(obj)
         }
         ("apps", "daemonsets") => roundtrip::<apps::v1::DaemonSet>(obj),
         ("apps", "deployments") => roundtrip::<apps::v1::Deployment>(obj),

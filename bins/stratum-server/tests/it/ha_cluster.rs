@@ -768,6 +768,23 @@ async fn a_wrong_pin_key_or_expired_token_is_refused_before_anything_is_written(
         "{log}"
     );
 
+    // A maintenance operation (a rekey) holds the fence: the join does not download under
+    // it, and says who holds it.
+    let admin = ha::grants::client_from_kubeconfig(Path::new(&c.kubeconfig())).await?;
+    let fence = ha::fence::Fence::take(&admin, "rekey-in-progress").await?;
+    let mut p = spawn(
+        "join while fenced",
+        &c.join_args(1, &join, &join.pin),
+        &[("STRATUM_CERTIFICATE_KEY", &join.key)],
+    )?;
+    assert!(!p.wait().await?.success());
+    let log = p.log();
+    assert!(
+        log.contains("maintenance fence") && log.contains("\"rekey-in-progress\""),
+        "{log}"
+    );
+    fence.release().await?;
+
     // Nothing written, nothing added.
     assert_eq!(files_under(&node_root), untouched);
     assert_eq!(c.members(&[0]).await?, before);

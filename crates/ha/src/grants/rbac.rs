@@ -166,9 +166,22 @@ fn is_retryable(err: &kube::Error) -> bool {
 
 /// Writes the Role and the RoleBinding that let only the control-plane bootstrap group get
 /// the grant Secret and hold the maintenance fence, narrowing broader ones, and creates the
-/// fence Lease the Role names. Writes nothing when all three are as wanted.
+/// fence Lease the Role names; before the Role, the admission policy that keeps the group to
+/// its own fence, waited for until enforced ([`super::fence_policy`]). Writes nothing when
+/// all are as wanted (the enforcement probes are dry runs).
 pub async fn grant_certs_reader(client: &kube::Client) -> Result<(), GrantError> {
     crate::fence::ensure_fence_lease(client).await?;
+    // Before the Role: the policy keeps the group to its own fence, which RBAC cannot. It
+    // is probed (dry runs) whenever it or the Role is about to change; once both stand, the
+    // Role was written after a proof, and the steady state asks nothing more.
+    let written = super::fence_policy::ensure_join_fence_policy(client).await?;
+    let role = Api::<Role>::namespaced(client.clone(), NAMESPACE)
+        .get_opt(READER_NAME)
+        .await
+        .map_err(api_error("read", "Role"))?;
+    if written || role_change(role.as_ref()) != Change::Nothing {
+        super::fence_policy::wait_for_enforcement(client).await?;
+    }
     ensure_role(client).await?;
     ensure_binding(client, true).await
 }

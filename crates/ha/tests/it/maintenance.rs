@@ -330,10 +330,55 @@ async fn the_bootstrap_group_may_hold_the_fence_and_nothing_else_among_leases() 
     let kubeconfig = bootstrap_kubeconfig(&server, dir.path(), &minted.token)?;
     let joiner = grants::client_from_kubeconfig(&kubeconfig).await?;
 
-    // It holds, rechecks and releases the fence.
-    let fence = Fence::take(&joiner, "joiner").await?;
+    // It holds, rechecks and releases the fence under its own name.
+    let own = hacore::fence::joiner_identity(minted.token.id());
+    let fence = Fence::take(&joiner, &own).await?;
     fence.confirm().await?;
     fence.release().await?;
+    // Under any other name, the join fence policy refuses it (RBAC alone cannot), and the
+    // Lease is left as it was.
+    let before = lease_api(&admin).get(FENCE_LEASE).await?;
+    for other in ["joiner", "system:bootstrap:abcdef", "stratum-rekey"] {
+        let refused = Fence::take(&joiner, other).await;
+        let text = format!("{:?}", refused.as_ref().err());
+        assert!(
+            text.contains(hacore::fence::JOIN_FENCE_POLICY)
+                && text.contains("only under its own name"),
+            "{other}: {text}"
+        );
+    }
+    assert_eq!(
+        lease_api(&admin)
+            .get(FENCE_LEASE)
+            .await?
+            .metadata
+            .resource_version,
+        before.metadata.resource_version,
+        "a refused take writes nothing"
+    );
+    // Nor can it end another holder's term: an operator holds it now.
+    let operator = Fence::take(&admin, "stratum-rekey").await?;
+    let held = lease_api(&admin).get(FENCE_LEASE).await?;
+    let mut stolen = held.clone();
+    if let Some(spec) = stolen.spec.as_mut() {
+        spec.holder_identity = None;
+    }
+    let refused = lease_api(&joiner)
+        .replace(FENCE_LEASE, &PostParams::default(), &stolen)
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(hacore::fence::JOIN_FENCE_POLICY)),
+        "{refused:?}"
+    );
+    operator.release().await?;
+    assert_eq!(
+        lease_api(&admin)
+            .get(FENCE_LEASE)
+            .await?
+            .spec
+            .and_then(|s| s.holder_identity),
+        None
+    );
 
     // Any other Lease, by name or by create, is refused with a 403.
     let forbidden =

@@ -1,5 +1,6 @@
 //! Conformance tests for the API double, run with real clients.
 mod conformance;
+mod conformance_admission;
 mod conformance_bootstrap;
 mod conformance_delete;
 mod conformance_faults;

@@ -1,0 +1,868 @@
+//! ValidatingAdmissionPolicy (`admissionregistration.k8s.io/v1`), the part the project
+//! relies on (`staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating`):
+//! a policy with resource rules, match conditions and validations in CEL, bound with
+//! `validationActions: [Deny]`, enforced on CREATE and UPDATE before the write (dry runs
+//! included, as kube-apiserver admits them too).
+//!
+//! What the double does not implement it refuses loudly when the policy or binding is
+//! written, instead of storing something it would not enforce: parameters (`paramKind`,
+//! `paramRef`), `variables`, `auditAnnotations`, namespace and object selectors,
+//! `excludeResourceRules`, `matchResources` on a binding, the `Warn` and `Audit` actions,
+//! DELETE and CONNECT operations, and CEL references to anything but `object`,
+//! `oldObject` and `request` (no `authorizer`, `namespaceObject`, `params`). Time and
+//! duration literals are not available either (the CEL build has no time support): an
+//! expression using them fails to compile, which is refused the same way.
+
+use cel::common::ast::{EntryExpr, Expr, IdedEntryExpr};
+use cel::{Context, IdedExpr, Program, Value as CelValue};
+use serde_json::{Value, json};
+
+use crate::api::Request;
+use crate::resources::Resource;
+use crate::status::{ApiError, Cause};
+use crate::store::{Inner, res_index};
+
+/// The policy resource's plural.
+pub const POLICIES: &str = "validatingadmissionpolicies";
+/// The binding resource's plural.
+pub const BINDINGS: &str = "validatingadmissionpolicybindings";
+/// The group both live in.
+pub const GROUP: &str = "admissionregistration.k8s.io";
+
+const VARIABLES: &[&str] = &["object", "oldObject", "request"];
+const NOT_IMPLEMENTED: &str = "is not implemented by this API double (it enforces only what it can enforce exactly; see testkube::admission)";
+
+/// The operation being admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// A create (POST, or a PUT that creates).
+    Create,
+    /// An update (PUT or PATCH).
+    Update,
+}
+
+impl Operation {
+    fn name(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+        }
+    }
+}
+
+fn unsupported(field: &str) -> Cause {
+    Cause::forbidden(field, &format!("{field} {NOT_IMPLEMENTED}"))
+}
+
+fn present(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(m)) => !m.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    }
+}
+
+/// Compiles one expression, checking that it references only what the double provides.
+fn compile(expr: &str) -> Result<Program, String> {
+    let program = Program::compile(expr).map_err(|e| format!("compilation failed: {e}"))?;
+    let mut free = Vec::new();
+    free_variables(program.expression(), &mut Vec::new(), &mut free);
+    if let Some(name) = free.iter().find(|n| !VARIABLES.contains(&n.as_str())) {
+        return Err(format!(
+            "the variable {name:?} {NOT_IMPLEMENTED}; only object, oldObject and request are"
+        ));
+    }
+    Ok(program)
+}
+
+/// The identifiers an expression reads that no comprehension (`exists`, `all`, `map`,
+/// ...) binds: what the evaluation environment must provide.
+fn free_variables(e: &IdedExpr, bound: &mut Vec<String>, out: &mut Vec<String>) {
+    match &e.expr {
+        Expr::Unspecified | Expr::Literal(_) => {}
+        Expr::Ident(name) => {
+            if !name.starts_with('@') && !bound.contains(name) && !out.contains(name) {
+                out.push(name.clone());
+            }
+        }
+        Expr::Select(s) => free_variables(&s.operand, bound, out),
+        Expr::Call(c) => {
+            if let Some(t) = &c.target {
+                free_variables(t, bound, out);
+            }
+            for a in &c.args {
+                free_variables(a, bound, out);
+            }
+        }
+        Expr::List(l) => {
+            for x in &l.elements {
+                free_variables(x, bound, out);
+            }
+        }
+        Expr::Map(m) => entries(&m.entries, bound, out),
+        Expr::Struct(s) => entries(&s.entries, bound, out),
+        Expr::Comprehension(c) => {
+            free_variables(&c.iter_range, bound, out);
+            free_variables(&c.accu_init, bound, out);
+            let depth = bound.len();
+            bound.push(c.iter_var.clone());
+            bound.extend(c.iter_var2.clone());
+            bound.push(c.accu_var.clone());
+            for x in [&c.loop_cond, &c.loop_step, &c.result] {
+                free_variables(x, bound, out);
+            }
+            bound.truncate(depth);
+        }
+    }
+}
+
+fn entries(list: &[IdedEntryExpr], bound: &mut Vec<String>, out: &mut Vec<String>) {
+    for entry in list {
+        match &entry.expr {
+            EntryExpr::StructField(f) => free_variables(&f.value, bound, out),
+            EntryExpr::MapEntry(m) => {
+                free_variables(&m.key, bound, out);
+                free_variables(&m.value, bound, out);
+            }
+        }
+    }
+}
+
+fn check_expression(field: &str, v: Option<&Value>, causes: &mut Vec<Cause>) {
+    match v.and_then(Value::as_str) {
+        None | Some("") => causes.push(Cause::required(field, "")),
+        Some(e) => {
+            if let Err(why) = compile(e) {
+                causes.push(Cause::invalid(field, &json!(e), &why));
+            }
+        }
+    }
+}
+
+fn strings(v: Option<&Value>) -> Vec<&str> {
+    v.and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// Validation of a ValidatingAdmissionPolicy (`ValidateValidatingAdmissionPolicy`), with
+/// the double's refusals of what it does not enforce.
+pub fn validate_policy(obj: &Value, causes: &mut Vec<Cause>) {
+    let spec = obj.get("spec");
+    for (field, path) in [
+        ("spec.paramKind", "/spec/paramKind"),
+        ("spec.variables", "/spec/variables"),
+        ("spec.auditAnnotations", "/spec/auditAnnotations"),
+        (
+            "spec.matchConstraints.namespaceSelector",
+            "/spec/matchConstraints/namespaceSelector",
+        ),
+        (
+            "spec.matchConstraints.objectSelector",
+            "/spec/matchConstraints/objectSelector",
+        ),
+        (
+            "spec.matchConstraints.excludeResourceRules",
+            "/spec/matchConstraints/excludeResourceRules",
+        ),
+    ] {
+        if present(obj.pointer(path)) {
+            causes.push(unsupported(field));
+        }
+    }
+    match spec
+        .and_then(|s| s.get("failurePolicy"))
+        .and_then(Value::as_str)
+    {
+        None | Some("Fail" | "Ignore") => {}
+        Some(other) => causes.push(Cause::invalid(
+            "spec.failurePolicy",
+            &json!(other),
+            "supported values: \"Fail\", \"Ignore\"",
+        )),
+    }
+    match obj
+        .pointer("/spec/matchConstraints/matchPolicy")
+        .and_then(Value::as_str)
+    {
+        None | Some("Equivalent") => {}
+        Some("Exact") => causes.push(unsupported("spec.matchConstraints.matchPolicy Exact")),
+        Some(other) => causes.push(Cause::invalid(
+            "spec.matchConstraints.matchPolicy",
+            &json!(other),
+            "supported values: \"Equivalent\", \"Exact\"",
+        )),
+    }
+    let rules = obj
+        .pointer("/spec/matchConstraints/resourceRules")
+        .and_then(Value::as_array);
+    match rules {
+        None => causes.push(Cause::required("spec.matchConstraints.resourceRules", "")),
+        Some(rules) if rules.is_empty() => {
+            causes.push(Cause::required("spec.matchConstraints.resourceRules", ""));
+        }
+        Some(rules) => {
+            for (i, rule) in rules.iter().enumerate() {
+                let at = format!("spec.matchConstraints.resourceRules[{i}]");
+                for list in ["apiGroups", "apiVersions", "resources", "operations"] {
+                    if strings(rule.get(list)).is_empty() {
+                        causes.push(Cause::required(&format!("{at}.{list}"), ""));
+                    }
+                }
+                for op in strings(rule.get("operations")) {
+                    match op {
+                        "CREATE" | "UPDATE" => {}
+                        "DELETE" | "CONNECT" | "*" => causes.push(unsupported(&format!(
+                            "{at}.operations: {op} (the double admits CREATE and UPDATE)"
+                        ))),
+                        other => causes.push(Cause::invalid(
+                            &format!("{at}.operations"),
+                            &json!(other),
+                            "supported values: \"*\", \"CONNECT\", \"CREATE\", \"DELETE\", \"UPDATE\"",
+                        )),
+                    }
+                }
+                if let Some(scope) = rule.get("scope").and_then(Value::as_str)
+                    && !matches!(scope, "*" | "Cluster" | "Namespaced")
+                {
+                    causes.push(Cause::invalid(
+                        &format!("{at}.scope"),
+                        &json!(scope),
+                        "supported values: \"*\", \"Cluster\", \"Namespaced\"",
+                    ));
+                }
+            }
+        }
+    }
+    let validations = spec
+        .and_then(|s| s.get("validations"))
+        .and_then(Value::as_array);
+    if validations.is_none_or(|v| v.is_empty()) {
+        causes.push(Cause::required(
+            "spec.validations",
+            "validations or auditAnnotations must contain at least one item",
+        ));
+    }
+    for (i, v) in validations.into_iter().flatten().enumerate() {
+        let at = format!("spec.validations[{i}]");
+        check_expression(&format!("{at}.expression"), v.get("expression"), causes);
+        if let Some(m) = v.get("messageExpression") {
+            check_expression(&format!("{at}.messageExpression"), Some(m), causes);
+        }
+        if let Some(r) = v.get("reason").and_then(Value::as_str)
+            && !matches!(
+                r,
+                "Unauthorized" | "Forbidden" | "Invalid" | "RequestEntityTooLarge"
+            )
+        {
+            causes.push(Cause::invalid(
+                &format!("{at}.reason"),
+                &json!(r),
+                "supported values: \"Forbidden\", \"Invalid\", \"RequestEntityTooLarge\", \"Unauthorized\"",
+            ));
+        }
+    }
+    let conditions = spec
+        .and_then(|s| s.get("matchConditions"))
+        .and_then(Value::as_array);
+    let mut names = Vec::new();
+    for (i, c) in conditions.into_iter().flatten().enumerate() {
+        let at = format!("spec.matchConditions[{i}]");
+        match c.get("name").and_then(Value::as_str) {
+            None | Some("") => causes.push(Cause::required(&format!("{at}.name"), "")),
+            Some(n) if names.contains(&n) => {
+                causes.push(Cause::invalid(
+                    &format!("{at}.name"),
+                    &json!(n),
+                    "Duplicate value",
+                ));
+            }
+            Some(n) => names.push(n),
+        }
+        check_expression(&format!("{at}.expression"), c.get("expression"), causes);
+    }
+}
+
+/// Validation of a ValidatingAdmissionPolicyBinding, with the double's refusals.
+pub fn validate_binding(obj: &Value, causes: &mut Vec<Cause>) {
+    if obj
+        .pointer("/spec/policyName")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        causes.push(Cause::required("spec.policyName", ""));
+    }
+    for (field, path) in [
+        ("spec.paramRef", "/spec/paramRef"),
+        ("spec.matchResources", "/spec/matchResources"),
+    ] {
+        if present(obj.pointer(path)) {
+            causes.push(unsupported(field));
+        }
+    }
+    let actions = strings(obj.pointer("/spec/validationActions"));
+    if actions.is_empty() {
+        causes.push(Cause::required("spec.validationActions", ""));
+    }
+    for a in actions {
+        match a {
+            "Deny" => {}
+            "Warn" | "Audit" => {
+                causes.push(unsupported(&format!("spec.validationActions: {a}")));
+            }
+            other => causes.push(Cause::invalid(
+                "spec.validationActions",
+                &json!(other),
+                "supported values: \"Audit\", \"Deny\", \"Warn\"",
+            )),
+        }
+    }
+}
+
+/// The defaults kube-apiserver stores on a policy.
+pub fn default_policy(obj: &mut Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    spec.entry("failurePolicy").or_insert(json!("Fail"));
+    if let Some(mc) = spec
+        .get_mut("matchConstraints")
+        .and_then(Value::as_object_mut)
+    {
+        mc.entry("matchPolicy").or_insert(json!("Equivalent"));
+        mc.entry("namespaceSelector").or_insert(json!({}));
+        mc.entry("objectSelector").or_insert(json!({}));
+        if let Some(rules) = mc.get_mut("resourceRules").and_then(Value::as_array_mut) {
+            for r in rules.iter_mut().filter_map(Value::as_object_mut) {
+                r.entry("scope").or_insert(json!("*"));
+            }
+        }
+    }
+}
+
+fn listed(list: &[&str], want: &str) -> bool {
+    list.iter().any(|v| *v == "*" || *v == want)
+}
+
+fn rule_matches(rule: &Value, req: &Request, op: Operation, name: &str) -> bool {
+    let res = req.res;
+    let resource = match req.sub.as_deref() {
+        None => res.plural.to_string(),
+        Some(sub) => format!("{}/{sub}", res.plural),
+    };
+    let resources = strings(rule.get("resources"));
+    let resource_ok = resources.iter().any(|r| {
+        *r == resource
+            || (*r == "*" && req.sub.is_none())
+            || *r == "*/*"
+            || (req.sub.is_some() && *r == format!("{}/*", res.plural))
+    });
+    let names = strings(rule.get("resourceNames"));
+    let scope_ok = match rule.get("scope").and_then(Value::as_str).unwrap_or("*") {
+        "Cluster" => !res.namespaced,
+        "Namespaced" => res.namespaced,
+        _ => true,
+    };
+    listed(&strings(rule.get("apiGroups")), res.group)
+        && listed(&strings(rule.get("apiVersions")), res.version)
+        && listed(&strings(rule.get("operations")), op.name())
+        && resource_ok
+        && scope_ok
+        && (names.is_empty() || names.contains(&name))
+}
+
+fn request_value(req: &Request, res: &Resource, op: Operation, name: &str) -> Value {
+    json!({
+        "kind": {"group": res.group, "version": res.version, "kind": res.kind},
+        "resource": {"group": res.group, "version": res.version, "resource": res.plural},
+        "subResource": req.sub.clone().unwrap_or_default(),
+        "name": name,
+        "namespace": req.ns.clone().unwrap_or_default(),
+        "operation": op.name(),
+        "userInfo": {
+            "username": req.user.username,
+            "uid": req.user.uid,
+            "groups": req.user.groups,
+        },
+        "dryRun": req.query.get("dryRun").is_some_and(|v| v == "All"),
+    })
+}
+
+/// What one expression evaluated to.
+enum Outcome {
+    True,
+    False,
+    Error(String),
+}
+
+fn evaluate(expr: &str, ctx: &Context) -> Outcome {
+    let program = match compile(expr) {
+        Ok(p) => p,
+        Err(e) => return Outcome::Error(e),
+    };
+    match program.execute(ctx) {
+        Ok(CelValue::Bool(true)) => Outcome::True,
+        Ok(CelValue::Bool(false)) => Outcome::False,
+        Ok(other) => Outcome::Error(format!("expected a bool, got {:?}", other.type_of())),
+        Err(e) => Outcome::Error(e.to_string()),
+    }
+}
+
+fn to_cel(v: &Value) -> Result<CelValue, String> {
+    cel::to_value(v).map_err(|e| e.to_string())
+}
+
+/// Runs every bound policy that matches this write; the first denial is the answer.
+/// Called with the store locked, after the object passed validation.
+pub fn admit(
+    g: &Inner,
+    req: &Request,
+    op: Operation,
+    object: &Value,
+    old: Option<&Value>,
+) -> Result<(), ApiError> {
+    let (Some(policies), Some(bindings)) = (
+        crate::resources::find(GROUP, "v1", POLICIES),
+        crate::resources::find(GROUP, "v1", BINDINGS),
+    ) else {
+        return Ok(());
+    };
+    let bindings = g.list(res_index(bindings), None);
+    if bindings.is_empty() {
+        return Ok(());
+    }
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let mut ctx: Option<Context> = None;
+    for binding in &bindings {
+        let binding_name = binding
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let Some(policy_name) = binding.pointer("/spec/policyName").and_then(Value::as_str) else {
+            continue;
+        };
+        // A binding to a policy that does not exist yet enforces nothing (as upstream).
+        let Some(policy) = g.get(res_index(policies), "", policy_name) else {
+            continue;
+        };
+        let rules = policy
+            .pointer("/spec/matchConstraints/resourceRules")
+            .and_then(Value::as_array);
+        if !rules
+            .into_iter()
+            .flatten()
+            .any(|r| rule_matches(r, req, op, name))
+        {
+            continue;
+        }
+        let ctx = match &mut ctx {
+            Some(c) => &*c,
+            None => {
+                let mut c = Context::default();
+                let vars = [
+                    ("object", to_cel(object)),
+                    ("oldObject", old.map_or(Ok(CelValue::Null), to_cel)),
+                    ("request", to_cel(&request_value(req, req.res, op, name))),
+                ];
+                for (k, v) in vars {
+                    let v = v.map_err(|e| {
+                        ApiError::internal(format!("admission: converting {k} for CEL: {e}"))
+                    })?;
+                    c.add_variable_from_value(k, v);
+                }
+                &*ctx.insert(c)
+            }
+        };
+        let fail = policy
+            .pointer("/spec/failurePolicy")
+            .and_then(Value::as_str)
+            != Some("Ignore");
+        let denied = |message: String, reason: Option<&str>| {
+            let (code, reason) = match reason.unwrap_or("Invalid") {
+                "Unauthorized" => (401, "Unauthorized"),
+                "Forbidden" => (403, "Forbidden"),
+                "RequestEntityTooLarge" => (413, "RequestEntityTooLarge"),
+                _ => (422, "Invalid"),
+            };
+            ApiError::new(
+                code,
+                reason,
+                format!(
+                    "ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: {message}"
+                ),
+            )
+        };
+        let mut applies = true;
+        for c in policy
+            .pointer("/spec/matchConditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let expr = c.get("expression").and_then(Value::as_str).unwrap_or("");
+            match evaluate(expr, ctx) {
+                Outcome::True => {}
+                Outcome::False => {
+                    applies = false;
+                    break;
+                }
+                Outcome::Error(e) if fail => {
+                    return Err(denied(
+                        format!("expression '{expr}' resulted in error: {e}"),
+                        None,
+                    ));
+                }
+                Outcome::Error(_) => {
+                    applies = false;
+                    break;
+                }
+            }
+        }
+        if !applies {
+            continue;
+        }
+        for v in policy
+            .pointer("/spec/validations")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let expr = v.get("expression").and_then(Value::as_str).unwrap_or("");
+            let reason = v.get("reason").and_then(Value::as_str);
+            match evaluate(expr, ctx) {
+                Outcome::True => {}
+                Outcome::False => {
+                    let message = v
+                        .get("messageExpression")
+                        .and_then(Value::as_str)
+                        .and_then(|m| {
+                            compile(m)
+                                .ok()?
+                                .execute(ctx)
+                                .ok()
+                                .and_then(|out| match out {
+                                    CelValue::String(s) if !s.trim().is_empty() => {
+                                        Some(s.to_string())
+                                    }
+                                    _ => None,
+                                })
+                        })
+                        .or_else(|| {
+                            v.get("message")
+                                .and_then(Value::as_str)
+                                .filter(|m| !m.is_empty())
+                                .map(str::to_string)
+                        })
+                        .unwrap_or_else(|| format!("failed expression: {expr}"));
+                    return Err(denied(message, reason));
+                }
+                Outcome::Error(e) if fail => {
+                    return Err(denied(
+                        format!("expression '{expr}' resulted in error: {e}"),
+                        None,
+                    ));
+                }
+                Outcome::Error(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval_with(expr: &str, object: Value, old: Value, request: Value) -> Outcome {
+        let mut c = Context::default();
+        c.add_variable_from_value("object", to_cel(&object).unwrap());
+        c.add_variable_from_value("oldObject", to_cel(&old).unwrap());
+        c.add_variable_from_value("request", to_cel(&request).unwrap());
+        evaluate(expr, &c)
+    }
+
+    fn truth(expr: &str, object: Value, old: Value, request: Value) -> Option<bool> {
+        match eval_with(expr, object, old, request) {
+            Outcome::True => Some(true),
+            Outcome::False => Some(false),
+            Outcome::Error(_) => None,
+        }
+    }
+
+    #[test]
+    fn macros_and_the_three_variables_compile_other_variables_do_not() {
+        for ok in [
+            "request.userInfo.groups.exists(g, g == 'x')",
+            "object.spec.items.all(i, i.name != '')",
+            "has(object.metadata.annotations) && 'a' in object.metadata.annotations",
+            "oldObject == null || oldObject.spec.x == object.spec.x",
+        ] {
+            assert!(compile(ok).is_ok(), "{ok}: {:?}", compile(ok).err());
+        }
+        for (bad, why) in [
+            (
+                "authorizer.group('').resource('x').check('get').allowed()",
+                "authorizer",
+            ),
+            ("namespaceObject.metadata.name == 'x'", "namespaceObject"),
+            ("params.x == 1", "params"),
+            ("variables.foo", "variables"),
+            ("object.spec.x ==", "compilation failed"),
+        ] {
+            let e = compile(bad).err().unwrap_or_default();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn expressions_see_object_old_object_and_request() {
+        let req = json!({"userInfo": {"username": "system:bootstrap:abc", "groups": ["g1", "g2"]}});
+        let obj =
+            json!({"metadata": {"annotations": {"a": "1"}}, "spec": {"holderIdentity": "me"}});
+        assert_eq!(
+            truth(
+                "request.userInfo.groups.exists(g, g == 'g2')",
+                obj.clone(),
+                Value::Null,
+                req.clone()
+            ),
+            Some(true)
+        );
+        assert_eq!(
+            truth(
+                "request.userInfo.groups.exists(g, g == 'g3')",
+                obj.clone(),
+                Value::Null,
+                req.clone()
+            ),
+            Some(false)
+        );
+        assert_eq!(
+            truth(
+                "'a' in object.metadata.annotations",
+                obj.clone(),
+                Value::Null,
+                req.clone()
+            ),
+            Some(true)
+        );
+        assert_eq!(
+            truth(
+                "has(object.spec.renewTime)",
+                obj.clone(),
+                Value::Null,
+                req.clone()
+            ),
+            Some(false)
+        );
+        assert_eq!(
+            truth("oldObject == null", obj.clone(), Value::Null, req.clone()),
+            Some(true)
+        );
+        assert_eq!(
+            truth(
+                "oldObject != null && oldObject.spec.holderIdentity == 'x'",
+                obj.clone(),
+                Value::Null,
+                req.clone()
+            ),
+            Some(false)
+        );
+        // A missing field is an error, not false: the failure policy decides.
+        assert_eq!(
+            truth(
+                "object.spec.renewTime == 'x'",
+                obj.clone(),
+                Value::Null,
+                req.clone()
+            ),
+            None
+        );
+        // A non-bool result is an error too.
+        assert_eq!(
+            truth("object.spec.holderIdentity", obj, Value::Null, req),
+            None
+        );
+    }
+
+    fn rule(ops: &[&str], resources: &[&str], names: &[&str]) -> Value {
+        json!({"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"], "operations": ops,
+               "resources": resources, "resourceNames": names})
+    }
+
+    fn lease_request(sub: Option<&str>) -> Request {
+        Request {
+            res: crate::resources::find("coordination.k8s.io", "v1", "leases").unwrap(),
+            sub: sub.map(str::to_string),
+            ns: Some("kube-system".into()),
+            name: Some("fence".into()),
+            query: Default::default(),
+            body: Default::default(),
+            content_type: String::new(),
+            user: crate::auth::UserInfo::new("u", &["g"]),
+            accept: String::new(),
+        }
+    }
+
+    #[test]
+    fn rules_match_group_version_operation_resource_subresource_and_name() {
+        let main = lease_request(None);
+        let status = lease_request(Some("status"));
+        let up = Operation::Update;
+        assert!(rule_matches(
+            &rule(&["UPDATE"], &["leases"], &[]),
+            &main,
+            up,
+            "fence"
+        ));
+        assert!(!rule_matches(
+            &rule(&["CREATE"], &["leases"], &[]),
+            &main,
+            up,
+            "fence"
+        ));
+        assert!(rule_matches(
+            &rule(&["UPDATE"], &["leases"], &["fence"]),
+            &main,
+            up,
+            "fence"
+        ));
+        assert!(!rule_matches(
+            &rule(&["UPDATE"], &["leases"], &["other"]),
+            &main,
+            up,
+            "fence"
+        ));
+        assert!(!rule_matches(
+            &rule(&["UPDATE"], &["pods"], &[]),
+            &main,
+            up,
+            "fence"
+        ));
+        // `*` is every resource but no subresource; `*/*` and `leases/*` take those too.
+        assert!(rule_matches(
+            &rule(&["UPDATE"], &["*"], &[]),
+            &main,
+            up,
+            "fence"
+        ));
+        assert!(!rule_matches(
+            &rule(&["UPDATE"], &["*"], &[]),
+            &status,
+            up,
+            "fence"
+        ));
+        assert!(!rule_matches(
+            &rule(&["UPDATE"], &["leases"], &[]),
+            &status,
+            up,
+            "fence"
+        ));
+        assert!(rule_matches(
+            &rule(&["UPDATE"], &["*/*"], &[]),
+            &status,
+            up,
+            "fence"
+        ));
+        assert!(rule_matches(
+            &rule(&["UPDATE"], &["leases/*"], &[]),
+            &status,
+            up,
+            "fence"
+        ));
+        assert!(rule_matches(
+            &rule(&["UPDATE"], &["leases/status"], &[]),
+            &status,
+            up,
+            "fence"
+        ));
+        let mut other_group = rule(&["UPDATE"], &["leases"], &[]);
+        other_group["apiGroups"] = json!(["apps"]);
+        assert!(!rule_matches(&other_group, &main, up, "fence"));
+        let mut cluster = rule(&["UPDATE"], &["leases"], &[]);
+        cluster["scope"] = json!("Cluster");
+        assert!(!rule_matches(&cluster, &main, up, "fence"));
+    }
+
+    #[test]
+    fn what_the_double_cannot_enforce_is_refused_when_written() {
+        let base = json!({"metadata": {"name": "p"}, "spec": {
+            "matchConstraints": {"resourceRules": [rule(&["CREATE"], &["leases"], &[])]},
+            "validations": [{"expression": "true"}]}});
+        let mut causes = Vec::new();
+        validate_policy(&base, &mut causes);
+        assert!(causes.is_empty(), "{causes:?}");
+        for (path, value, field) in [
+            (
+                "/spec/paramKind",
+                json!({"kind": "ConfigMap"}),
+                "spec.paramKind",
+            ),
+            (
+                "/spec/variables",
+                json!([{"name": "a", "expression": "1"}]),
+                "spec.variables",
+            ),
+            (
+                "/spec/auditAnnotations",
+                json!([{"key": "a", "valueExpression": "'x'"}]),
+                "spec.auditAnnotations",
+            ),
+            (
+                "/spec/matchConstraints/objectSelector",
+                json!({"matchLabels": {"a": "b"}}),
+                "spec.matchConstraints.objectSelector",
+            ),
+            (
+                "/spec/matchConstraints/resourceRules/0/operations",
+                json!(["DELETE"]),
+                "operations: DELETE",
+            ),
+        ] {
+            let mut p = base.clone();
+            let (parent, key) = path.rsplit_once('/').unwrap();
+            p.pointer_mut(parent).unwrap()[key] = value.clone();
+            let mut causes = Vec::new();
+            validate_policy(&p, &mut causes);
+            assert!(
+                causes
+                    .iter()
+                    .any(|c| c.message.contains(field) && c.message.contains("not implemented")),
+                "{path}: {causes:?}"
+            );
+        }
+        let mut no_validations = base.clone();
+        no_validations["spec"]["validations"] = json!([]);
+        let mut causes = Vec::new();
+        validate_policy(&no_validations, &mut causes);
+        assert!(
+            causes.iter().any(|c| c.field == "spec.validations"),
+            "{causes:?}"
+        );
+        let mut causes = Vec::new();
+        validate_binding(
+            &json!({"spec": {"policyName": "p", "validationActions": ["Warn"]}}),
+            &mut causes,
+        );
+        assert!(
+            causes.iter().any(|c| c.message.contains("Warn")),
+            "{causes:?}"
+        );
+        let mut causes = Vec::new();
+        validate_binding(&json!({"spec": {"policyName": "p"}}), &mut causes);
+        assert!(
+            causes.iter().any(|c| c.field == "spec.validationActions"),
+            "{causes:?}"
+        );
+        let mut causes = Vec::new();
+        validate_binding(
+            &json!({"spec": {"policyName": "p", "validationActions": ["Deny"]}}),
+            &mut causes,
+        );
+        assert!(causes.is_empty(), "{causes:?}");
+    }
+}
