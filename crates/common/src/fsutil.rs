@@ -113,28 +113,67 @@ fn write_into_place(
     owner: Option<(u32, u32)>,
     no_replace: bool,
 ) -> Result<bool, FsError> {
-    let Some(name) = path.file_name() else {
-        return Err(FsError {
-            op: "write",
-            path: path.to_path_buf(),
-            source: std::io::Error::other("not a file name"),
-        });
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir).map_err(fs_err("create directory", dir))?;
-    let dir_fd = rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(errno("open directory", dir))?;
-    remove_stale_temporaries(dir, &dir_fd, name);
-    let tmp_name = temp_name(name);
-    let tmp = dir.join(&tmp_name);
-    let written = (|| {
+    let mut pending = PendingFile::create_owned(path, mode, owner)?;
+    pending.write_all(contents)?;
+    pending.commit(no_replace)
+}
+
+/// A file written under a temporary name beside its target and put in place only by
+/// [`PendingFile::commit`], for contents too large to hold in memory (a streamed etcd
+/// snapshot). The same guarantees as [`write_atomic`]: the temporary is created
+/// `O_EXCL | O_NOFOLLOW` with its final mode, every step is relative to the directory's
+/// descriptor, and a reader never sees a partial file. Dropped without a commit (an
+/// error, a cancelled task), the temporary is removed and the target is untouched.
+pub struct PendingFile {
+    dir: PathBuf,
+    dir_fd: rustix::fd::OwnedFd,
+    name: std::ffi::OsString,
+    tmp_name: String,
+    path: PathBuf,
+    file: File,
+}
+
+impl std::fmt::Debug for PendingFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingFile")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PendingFile {
+    /// Starts a file for `path` with permission bits `mode`. Missing parent directories
+    /// are created (mode 0755).
+    pub fn create(path: &Path, mode: u32) -> Result<PendingFile, FsError> {
+        PendingFile::create_owned(path, mode, None)
+    }
+
+    fn create_owned(
+        path: &Path,
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    ) -> Result<PendingFile, FsError> {
+        let Some(name) = path.file_name() else {
+            return Err(FsError {
+                op: "write",
+                path: path.to_path_buf(),
+                source: std::io::Error::other("not a file name"),
+            });
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        std::fs::create_dir_all(dir).map_err(fs_err("create directory", dir))?;
+        let dir_fd = rustix::fs::open(
+            dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(errno("open directory", dir))?;
+        remove_stale_temporaries(dir, &dir_fd, name);
+        let tmp_name = temp_name(name);
+        let tmp = dir.join(&tmp_name);
         let fd = rustix::fs::openat(
             &dir_fd,
             tmp_name.as_str(),
@@ -142,40 +181,71 @@ fn write_into_place(
             Mode::from_raw_mode(mode & 0o777),
         )
         .map_err(errno("create", &tmp))?;
-        let mut file = File::from(fd);
+        // From here on, dropping `pending` removes the temporary.
+        let pending = PendingFile {
+            dir: dir.to_path_buf(),
+            dir_fd,
+            name: name.to_os_string(),
+            tmp_name,
+            path: path.to_path_buf(),
+            file: File::from(fd),
+        };
+        let file = &pending.file;
         if let Some((uid, gid)) = owner {
-            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
-                .map_err(fs_err("chown", &tmp))?;
+            std::os::unix::fs::fchown(file, Some(uid), Some(gid)).map_err(fs_err("chown", &tmp))?;
         }
         // Exactly `mode`: the umask may have narrowed it, and a chown clears set-id bits.
         file.set_permissions(std::fs::Permissions::from_mode(mode))
             .map_err(fs_err("chmod", &tmp))?;
-        file.write_all(contents).map_err(fs_err("write", &tmp))?;
-        file.sync_all().map_err(fs_err("sync", &tmp))?;
+        Ok(pending)
+    }
+
+    fn tmp_path(&self) -> PathBuf {
+        self.dir.join(&self.tmp_name)
+    }
+
+    /// Appends `bytes`.
+    pub fn write_all(&mut self, bytes: &[u8]) -> Result<(), FsError> {
+        let tmp = self.tmp_path();
+        self.file.write_all(bytes).map_err(fs_err("write", &tmp))
+    }
+
+    /// Syncs the file and renames it into place, then syncs the directory. With
+    /// `no_replace`, an existing target is left alone and `Ok(false)` returned (the
+    /// temporary is removed).
+    pub fn commit(mut self, no_replace: bool) -> Result<bool, FsError> {
+        let tmp = self.tmp_path();
+        self.file.sync_all().map_err(fs_err("sync", &tmp))?;
         let flags = if no_replace {
             rustix::fs::RenameFlags::NOREPLACE
         } else {
             rustix::fs::RenameFlags::empty()
         };
-        match rustix::fs::renameat_with(&dir_fd, tmp_name.as_str(), &dir_fd, name, flags) {
-            Ok(()) => Ok(true),
-            Err(rustix::io::Errno::EXIST) if no_replace => Ok(false),
-            Err(e) => Err(errno("rename into place", path)(e)),
+        match rustix::fs::renameat_with(
+            &self.dir_fd,
+            self.tmp_name.as_str(),
+            &self.dir_fd,
+            self.name.as_os_str(),
+            flags,
+        ) {
+            Ok(()) => {}
+            // Drop removes the temporary.
+            Err(rustix::io::Errno::EXIST) if no_replace => return Ok(false),
+            Err(e) => return Err(errno("rename into place", &self.path)(e)),
         }
-    })();
-    match written {
-        Ok(true) => {}
-        Ok(false) => {
-            let _ = rustix::fs::unlinkat(&dir_fd, tmp_name.as_str(), AtFlags::empty());
-            return Ok(false);
-        }
-        Err(e) => {
-            let _ = rustix::fs::unlinkat(&dir_fd, tmp_name.as_str(), AtFlags::empty());
-            return Err(e);
+        // In place: nothing left for Drop to remove.
+        self.tmp_name.clear();
+        rustix::fs::fsync(&self.dir_fd).map_err(errno("sync directory", &self.dir))?;
+        Ok(true)
+    }
+}
+
+impl Drop for PendingFile {
+    fn drop(&mut self) {
+        if !self.tmp_name.is_empty() {
+            let _ = rustix::fs::unlinkat(&self.dir_fd, self.tmp_name.as_str(), AtFlags::empty());
         }
     }
-    rustix::fs::fsync(&dir_fd).map_err(errno("sync directory", dir))?;
-    Ok(true)
 }
 
 /// Removes `path` if it exists (not a directory) and syncs its directory. Returns whether
@@ -209,6 +279,37 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| n.ends_with(".tmp"))
             .collect()
+    }
+
+    #[test]
+    fn a_pending_file_streams_and_appears_only_when_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snap.db");
+        let mut p = PendingFile::create(&path, 0o600).unwrap();
+        for chunk in [&b"one "[..], b"two ", b"three"] {
+            p.write_all(chunk).unwrap();
+        }
+        assert!(!path.exists(), "nothing at the target before the commit");
+        assert_eq!(leftovers(dir.path()).len(), 1);
+        assert!(p.commit(true).unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), b"one two three");
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o7777, 0o600);
+        assert!(leftovers(dir.path()).is_empty());
+
+        // Not replacing: the existing file stays, the temporary goes.
+        let mut p = PendingFile::create(&path, 0o600).unwrap();
+        p.write_all(b"other").unwrap();
+        assert!(!p.commit(true).unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), b"one two three");
+        assert!(leftovers(dir.path()).is_empty());
+
+        // Dropped without a commit (an error, a cancelled task): nothing is left.
+        let other = dir.path().join("other.db");
+        let mut p = PendingFile::create(&other, 0o600).unwrap();
+        p.write_all(b"half").unwrap();
+        drop(p);
+        assert!(!other.exists());
+        assert!(leftovers(dir.path()).is_empty());
     }
 
     #[test]

@@ -125,10 +125,12 @@ pub struct SnapshotSaved {
     pub bytes: u64,
 }
 
-/// Streams a snapshot from the first of `endpoints` that serves one and writes it to
-/// `path`, which must not exist. `progress` is called with the bytes received so far after
-/// each chunk. The whole snapshot is held in memory until it is written (a control
-/// plane's database: etcd's default quota is 2 GiB).
+/// Streams a snapshot from the first of `endpoints` that serves one into `path`, which
+/// must not exist. `progress` is called with the bytes received so far after each chunk.
+/// Chunks go straight to a temporary file beside `path` (a control plane's database can be
+/// gigabytes: etcd's default quota is 2 GiB, nothing of that size is held in memory), which
+/// is renamed into place only once the stream ended cleanly; a broken stream, or another
+/// file appearing at `path` meanwhile, leaves nothing behind.
 pub async fn save_snapshot(
     opts: &EtcdOptions,
     endpoints: &[String],
@@ -148,11 +150,11 @@ pub async fn save_snapshot(
     stream_opts.request_timeout = Duration::from_secs(24 * 3600);
     let mut tried = Vec::new();
     for endpoint in endpoints {
-        match stream_one(&stream_opts, endpoint, &mut progress).await {
-            Ok(bytes) => {
-                let size = bytes.len() as u64;
-                let created = common::fsutil::write_atomic_new(path, &bytes, 0o600)
-                    .map_err(SnapshotError::Write)?;
+        let mut file =
+            common::fsutil::PendingFile::create(path, 0o600).map_err(SnapshotError::Write)?;
+        match stream_one(&stream_opts, endpoint, &mut file, &mut progress).await {
+            Ok(size) => {
+                let created = file.commit(true).map_err(SnapshotError::Write)?;
                 if !created {
                     return Err(SnapshotError::Exists {
                         path: path.to_path_buf(),
@@ -166,6 +168,7 @@ pub async fn save_snapshot(
                 });
             }
             Err(StreamError::Setup(e)) => return Err(e.into()),
+            Err(StreamError::Write(e)) => return Err(SnapshotError::Write(*e)),
             Err(StreamError::Failed(reason)) => tried.push(format!("{endpoint}: {reason}")),
         }
     }
@@ -174,14 +177,18 @@ pub async fn save_snapshot(
 
 enum StreamError {
     Setup(EtcdError),
+    /// The local file could not be written: no other member is tried.
+    Write(Box<common::fsutil::FsError>),
     Failed(String),
 }
 
+/// Streams one member's snapshot into `file`; the bytes written.
 async fn stream_one(
     opts: &EtcdOptions,
     endpoint: &str,
+    file: &mut common::fsutil::PendingFile,
     progress: &mut impl FnMut(&str, u64),
-) -> Result<Vec<u8>, StreamError> {
+) -> Result<u64, StreamError> {
     let client = etcd::connect_one(opts, endpoint)
         .await
         .map_err(StreamError::Setup)?;
@@ -195,31 +202,31 @@ async fn stream_one(
         Ok(Err(e)) => return Err(StreamError::Failed(e.to_string())),
         Err(_) => return Err(StreamError::Failed("no answer".into())),
     };
-    let mut bytes = Vec::new();
+    let mut bytes = 0u64;
     loop {
         match tokio::time::timeout(CHUNK_TIMEOUT, stream.message()).await {
             Ok(Ok(Some(chunk))) => {
-                bytes.extend_from_slice(chunk.blob());
+                file.write_all(chunk.blob())
+                    .map_err(|e| StreamError::Write(Box::new(e)))?;
+                bytes += chunk.blob().len() as u64;
                 // The last chunk (etcd's checksum) says nothing remains; read on to the end
                 // of the stream all the same, so a trailing error is not missed.
-                progress(endpoint, bytes.len() as u64);
+                progress(endpoint, bytes);
             }
             Ok(Ok(None)) => break,
             Ok(Err(e)) => {
                 return Err(StreamError::Failed(format!(
-                    "the stream broke after {} bytes: {e}",
-                    bytes.len()
+                    "the stream broke after {bytes} bytes: {e}"
                 )));
             }
             Err(_) => {
                 return Err(StreamError::Failed(format!(
-                    "no chunk for {CHUNK_TIMEOUT:?} after {} bytes",
-                    bytes.len()
+                    "no chunk for {CHUNK_TIMEOUT:?} after {bytes} bytes"
                 )));
             }
         }
     }
-    if bytes.is_empty() {
+    if bytes == 0 {
         return Err(StreamError::Failed("the stream was empty".into()));
     }
     Ok(bytes)

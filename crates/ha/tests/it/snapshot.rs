@@ -96,5 +96,11 @@ async fn a_saved_snapshot_is_read_by_etcdctl_and_never_replaces_a_file() -> anyh
     .unwrap_err();
     assert!(err.to_string().contains("https://127.0.0.1:1"), "{err}");
     assert!(!other.exists());
+    // Chunks go to a temporary beside the file: no attempt, failed or refused, left one.
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    left.sort();
+    assert_eq!(left, ["etcd.snap", "restored"]);
     Ok(())
 }
