@@ -34,7 +34,7 @@ pub struct RejoinArgs {
 pub async fn run(args: RejoinArgs) -> anyhow::Result<ExitCode> {
     let config = NodeConfig::load(args.config.as_deref())?;
     let cancel = cmdline::shutdown_token();
-    let done = rejoin::rejoin_etcd(
+    let (done, data_lock) = rejoin::rejoin_etcd(
         &RejoinOptions {
             data_dir: args.data_dir.clone(),
             server: args.server,
@@ -64,7 +64,7 @@ pub async fn run(args: RejoinArgs) -> anyhow::Result<ExitCode> {
     let kubeconfig = args
         .kubeconfig
         .unwrap_or_else(|| pki::default_kubeconfig_dir(&done.state.pki_dir).join("admin.conf"));
-    node::run_node(
+    node::run_node_holding(
         done.state,
         RunOptions {
             data_dir: args.data_dir,
@@ -72,6 +72,7 @@ pub async fn run(args: RejoinArgs) -> anyhow::Result<ExitCode> {
             api_kubeconfig: Some(kubeconfig),
             first_join_start: false,
         },
+        data_lock,
         &cancel,
     )
     .await?;

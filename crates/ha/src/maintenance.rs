@@ -91,7 +91,7 @@ impl MaintenanceError {
 /// A held lock file; the lock goes with the descriptor.
 #[derive(Debug)]
 struct HeldLock {
-    _file: Flock<File>,
+    file: Flock<File>,
     path: PathBuf,
 }
 
@@ -131,7 +131,7 @@ fn acquire(
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(&path)
         .map_err(io("open the lock file", &path))?;
-    let mut locked = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+    let locked = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(locked) => locked,
         Err((mut file, Errno::EWOULDBLOCK)) => {
             let mut holder = String::new();
@@ -151,17 +151,29 @@ fn acquire(
             return Err(io("lock", &path)(std::io::Error::from(errno)));
         }
     };
-    let me = holder_text(command, std::process::id(), SystemTime::now());
-    locked
-        .set_len(0)
-        .and_then(|()| locked.rewind())
-        .and_then(|()| locked.write_all(me.as_bytes()))
-        .and_then(|()| locked.sync_data())
-        .map_err(io("write the holder into", &path))?;
-    Ok(HeldLock {
-        _file: locked,
+    let mut held = HeldLock {
+        file: locked,
         path,
-    })
+    };
+    held.write_holder(command)?;
+    Ok(held)
+}
+
+impl HeldLock {
+    /// Writes this process, as running `command`, into the lock file.
+    fn write_holder(&mut self, command: &str) -> Result<(), MaintenanceError> {
+        let me = holder_text(command, std::process::id(), SystemTime::now());
+        let file = &mut self.file;
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| file.write_all(me.as_bytes()))
+            .and_then(|()| file.sync_data())
+            .map_err(|source| MaintenanceError::Io {
+                op: "write the holder into",
+                path: self.path.clone(),
+                source,
+            })
+    }
 }
 
 /// The node maintenance lock, held until dropped (or the process dies).
@@ -205,6 +217,12 @@ impl EtcdDataLock {
     pub fn path(&self) -> &Path {
         &self.0.path
     }
+
+    /// Names `command` as the holder from now on, keeping the lock: a rejoin hands its
+    /// lock to the node it starts, so nothing can take it in between.
+    pub fn hand_over(&mut self, command: &str) -> Result<(), MaintenanceError> {
+        self.0.write_holder(command)
+    }
 }
 
 #[cfg(test)]
@@ -238,6 +256,20 @@ mod tests {
         assert!(again.path().ends_with(MAINTENANCE_LOCK_FILE));
         let on_disk = std::fs::read_to_string(again.path()).unwrap();
         assert!(on_disk.starts_with("`stratum-server rejoin`"), "{on_disk}");
+    }
+
+    #[test]
+    fn a_handed_over_data_lock_stays_held_and_names_its_new_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut lock = EtcdDataLock::acquire(dir.path(), "rejoin").unwrap();
+        lock.hand_over("up").unwrap();
+        let err = EtcdDataLock::acquire(dir.path(), "snapshot restore").unwrap_err();
+        let holder = err.holder().unwrap().to_string();
+        assert!(holder.starts_with("`stratum-server up` (pid"), "{holder}");
+        let on_disk = std::fs::read_to_string(lock.path()).unwrap();
+        assert_eq!(on_disk, holder, "the whole file is the new holder, nothing of the old");
+        drop(lock);
+        assert!(EtcdDataLock::acquire(dir.path(), "snapshot restore").is_ok());
     }
 
     #[test]

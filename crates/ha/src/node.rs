@@ -421,14 +421,29 @@ pub struct RunOptions {
 
 /// Supervises the node in `state` until `shutdown`; see the module docs.
 pub async fn run_node(
-    mut state: NodeState,
+    state: NodeState,
     run: RunOptions,
     shutdown: &CancellationToken,
 ) -> Result<UpOutcome, UpError> {
     // Held while this process supervises etcd: a snapshot restore or rejoin refuses,
     // naming this process, instead of rewriting the data under a running member.
     let command = if run.first_join_start { "join" } else { "up" };
-    let _data_lock = crate::maintenance::EtcdDataLock::acquire(&run.data_dir, command)?;
+    let data_lock = crate::maintenance::EtcdDataLock::acquire(&run.data_dir, command)?;
+    run_node_holding(state, run, data_lock, shutdown).await
+}
+
+/// [`run_node`] with the etcd data lock already held by this process (a rejoin hands over
+/// the one it took, so no other command can take it between the rejoin and the run); it
+/// is relabelled as this run's and held until the node stops.
+pub async fn run_node_holding(
+    mut state: NodeState,
+    run: RunOptions,
+    mut data_lock: crate::maintenance::EtcdDataLock,
+    shutdown: &CancellationToken,
+) -> Result<UpOutcome, UpError> {
+    let command = if run.first_join_start { "join" } else { "up" };
+    data_lock.hand_over(command)?;
+    let _data_lock = data_lock;
     let sup = Supervisor::start(
         supervisor::components(&state, &run.config),
         &run.data_dir.join("logs"),

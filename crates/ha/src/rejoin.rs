@@ -249,14 +249,16 @@ async fn old_endpoints(opts: &EtcdOptions, state: &NodeState, seed: &str) -> Vec
 }
 
 /// Runs (or resumes) the rejoin; see the module docs. `progress` receives one line per
-/// step; `cancel` is honoured between steps and while waiting for etcd.
+/// step; `cancel` is honoured between steps and while waiting for etcd. The etcd data lock
+/// comes back still held, for [`crate::node::run_node_holding`]: between the rejoin and the
+/// node's run, no snapshot restore or second rejoin can take it.
 pub async fn rejoin_etcd(
     opts: &RejoinOptions,
     mut progress: impl FnMut(&str),
     cancel: &CancellationToken,
-) -> Result<Rejoined, RejoinError> {
+) -> Result<(Rejoined, EtcdDataLock), RejoinError> {
     let _maintenance = NodeLock::acquire(&opts.data_dir, "rejoin")?;
-    let _data = EtcdDataLock::acquire(&opts.data_dir, "rejoin")?;
+    let data = EtcdDataLock::acquire(&opts.data_dir, "rejoin")?;
     let mut state = NodeState::load(&opts.data_dir)?.ok_or_else(|| RejoinError::NoState {
         data_dir: opts.data_dir.clone(),
     })?;
@@ -447,14 +449,17 @@ pub async fn rejoin_etcd(
         RejoinPhase::Added { member_id, .. } => Some(*member_id),
         _ => state.etcd.member_id,
     };
-    Ok(Rejoined {
-        seed,
-        steps,
-        resumed,
-        member_id,
-        old_data,
-        state,
-    })
+    Ok((
+        Rejoined {
+            seed,
+            steps,
+            resumed,
+            member_id,
+            old_data,
+            state,
+        },
+        data,
+    ))
 }
 
 async fn start_and_promote(
