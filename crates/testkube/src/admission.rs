@@ -54,6 +54,26 @@ fn unsupported(field: &str) -> Cause {
     Cause::forbidden(field, &format!("{field} {NOT_IMPLEMENTED}"))
 }
 
+/// kube-apiserver's `NotSupported` cause: the value and the sorted list of allowed ones.
+fn not_supported(field: &str, value: &str, allowed: &[&str]) -> Cause {
+    let mut allowed: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
+    allowed.sort();
+    Cause::invalid(
+        field,
+        &json!(value),
+        &format!("supported values: {}", allowed.join(", ")),
+    )
+}
+
+/// An optional string field that, when set, must be one of `allowed`.
+fn one_of(field: &str, v: Option<&Value>, allowed: &[&str], causes: &mut Vec<Cause>) {
+    if let Some(value) = v.and_then(Value::as_str)
+        && !allowed.contains(&value)
+    {
+        causes.push(not_supported(field, value, allowed));
+    }
+}
+
 fn present(v: Option<&Value>) -> bool {
     match v {
         None | Some(Value::Null) => false,
@@ -176,10 +196,10 @@ pub fn validate_policy(obj: &Value, causes: &mut Vec<Cause>) {
         .and_then(Value::as_str)
     {
         None | Some("Fail" | "Ignore") => {}
-        Some(other) => causes.push(Cause::invalid(
+        Some(other) => causes.push(not_supported(
             "spec.failurePolicy",
-            &json!(other),
-            "supported values: \"Fail\", \"Ignore\"",
+            other,
+            &["Fail", "Ignore"],
         )),
     }
     match obj
@@ -188,10 +208,10 @@ pub fn validate_policy(obj: &Value, causes: &mut Vec<Cause>) {
     {
         None | Some("Equivalent") => {}
         Some("Exact") => causes.push(unsupported("spec.matchConstraints.matchPolicy Exact")),
-        Some(other) => causes.push(Cause::invalid(
+        Some(other) => causes.push(not_supported(
             "spec.matchConstraints.matchPolicy",
-            &json!(other),
-            "supported values: \"Equivalent\", \"Exact\"",
+            other,
+            &["Equivalent", "Exact"],
         )),
     }
     let rules = obj
@@ -216,22 +236,19 @@ pub fn validate_policy(obj: &Value, causes: &mut Vec<Cause>) {
                         "DELETE" | "CONNECT" | "*" => causes.push(unsupported(&format!(
                             "{at}.operations: {op} (the double admits CREATE and UPDATE)"
                         ))),
-                        other => causes.push(Cause::invalid(
+                        other => causes.push(not_supported(
                             &format!("{at}.operations"),
-                            &json!(other),
-                            "supported values: \"*\", \"CONNECT\", \"CREATE\", \"DELETE\", \"UPDATE\"",
+                            other,
+                            &["*", "CONNECT", "CREATE", "DELETE", "UPDATE"],
                         )),
                     }
                 }
-                if let Some(scope) = rule.get("scope").and_then(Value::as_str)
-                    && !matches!(scope, "*" | "Cluster" | "Namespaced")
-                {
-                    causes.push(Cause::invalid(
-                        &format!("{at}.scope"),
-                        &json!(scope),
-                        "supported values: \"*\", \"Cluster\", \"Namespaced\"",
-                    ));
-                }
+                one_of(
+                    &format!("{at}.scope"),
+                    rule.get("scope"),
+                    &["*", "Cluster", "Namespaced"],
+                    causes,
+                );
             }
         }
     }
@@ -250,18 +267,17 @@ pub fn validate_policy(obj: &Value, causes: &mut Vec<Cause>) {
         if let Some(m) = v.get("messageExpression") {
             check_expression(&format!("{at}.messageExpression"), Some(m), causes);
         }
-        if let Some(r) = v.get("reason").and_then(Value::as_str)
-            && !matches!(
-                r,
-                "Unauthorized" | "Forbidden" | "Invalid" | "RequestEntityTooLarge"
-            )
-        {
-            causes.push(Cause::invalid(
-                &format!("{at}.reason"),
-                &json!(r),
-                "supported values: \"Forbidden\", \"Invalid\", \"RequestEntityTooLarge\", \"Unauthorized\"",
-            ));
-        }
+        one_of(
+            &format!("{at}.reason"),
+            v.get("reason"),
+            &[
+                "Forbidden",
+                "Invalid",
+                "RequestEntityTooLarge",
+                "Unauthorized",
+            ],
+            causes,
+        );
     }
     let conditions = spec
         .and_then(|s| s.get("matchConditions"))
@@ -311,10 +327,10 @@ pub fn validate_binding(obj: &Value, causes: &mut Vec<Cause>) {
             "Warn" | "Audit" => {
                 causes.push(unsupported(&format!("spec.validationActions: {a}")));
             }
-            other => causes.push(Cause::invalid(
+            other => causes.push(not_supported(
                 "spec.validationActions",
-                &json!(other),
-                "supported values: \"Audit\", \"Deny\", \"Warn\"",
+                other,
+                &["Audit", "Deny", "Warn"],
             )),
         }
     }
@@ -623,70 +639,27 @@ mod tests {
         let req = json!({"userInfo": {"username": "system:bootstrap:abc", "groups": ["g1", "g2"]}});
         let obj =
             json!({"metadata": {"annotations": {"a": "1"}}, "spec": {"holderIdentity": "me"}});
-        assert_eq!(
-            truth(
-                "request.userInfo.groups.exists(g, g == 'g2')",
-                obj.clone(),
-                Value::Null,
-                req.clone()
-            ),
-            Some(true)
-        );
-        assert_eq!(
-            truth(
-                "request.userInfo.groups.exists(g, g == 'g3')",
-                obj.clone(),
-                Value::Null,
-                req.clone()
-            ),
-            Some(false)
-        );
-        assert_eq!(
-            truth(
-                "'a' in object.metadata.annotations",
-                obj.clone(),
-                Value::Null,
-                req.clone()
-            ),
-            Some(true)
-        );
-        assert_eq!(
-            truth(
-                "has(object.spec.renewTime)",
-                obj.clone(),
-                Value::Null,
-                req.clone()
-            ),
-            Some(false)
-        );
-        assert_eq!(
-            truth("oldObject == null", obj.clone(), Value::Null, req.clone()),
-            Some(true)
-        );
-        assert_eq!(
-            truth(
+        // `None`: an evaluation error (a missing field, a non-bool result), which the
+        // failure policy decides, never read as false.
+        for (expr, want) in [
+            ("request.userInfo.groups.exists(g, g == 'g2')", Some(true)),
+            ("request.userInfo.groups.exists(g, g == 'g3')", Some(false)),
+            ("'a' in object.metadata.annotations", Some(true)),
+            ("has(object.spec.renewTime)", Some(false)),
+            ("oldObject == null", Some(true)),
+            (
                 "oldObject != null && oldObject.spec.holderIdentity == 'x'",
-                obj.clone(),
-                Value::Null,
-                req.clone()
+                Some(false),
             ),
-            Some(false)
-        );
-        // A missing field is an error, not false: the failure policy decides.
-        assert_eq!(
-            truth(
-                "object.spec.renewTime == 'x'",
-                obj.clone(),
-                Value::Null,
-                req.clone()
-            ),
-            None
-        );
-        // A non-bool result is an error too.
-        assert_eq!(
-            truth("object.spec.holderIdentity", obj, Value::Null, req),
-            None
-        );
+            ("object.spec.renewTime == 'x'", None),
+            ("object.spec.holderIdentity", None),
+        ] {
+            assert_eq!(
+                truth(expr, obj.clone(), Value::Null, req.clone()),
+                want,
+                "{expr}"
+            );
+        }
     }
 
     fn rule(ops: &[&str], resources: &[&str], names: &[&str]) -> Value {
@@ -713,73 +686,30 @@ mod tests {
         let main = lease_request(None);
         let status = lease_request(Some("status"));
         let up = Operation::Update;
-        assert!(rule_matches(
-            &rule(&["UPDATE"], &["leases"], &[]),
-            &main,
-            up,
-            "fence"
-        ));
-        assert!(!rule_matches(
-            &rule(&["CREATE"], &["leases"], &[]),
-            &main,
-            up,
-            "fence"
-        ));
-        assert!(rule_matches(
-            &rule(&["UPDATE"], &["leases"], &["fence"]),
-            &main,
-            up,
-            "fence"
-        ));
-        assert!(!rule_matches(
-            &rule(&["UPDATE"], &["leases"], &["other"]),
-            &main,
-            up,
-            "fence"
-        ));
-        assert!(!rule_matches(
-            &rule(&["UPDATE"], &["pods"], &[]),
-            &main,
-            up,
-            "fence"
-        ));
-        // `*` is every resource but no subresource; `*/*` and `leases/*` take those too.
-        assert!(rule_matches(
-            &rule(&["UPDATE"], &["*"], &[]),
-            &main,
-            up,
-            "fence"
-        ));
-        assert!(!rule_matches(
-            &rule(&["UPDATE"], &["*"], &[]),
-            &status,
-            up,
-            "fence"
-        ));
-        assert!(!rule_matches(
-            &rule(&["UPDATE"], &["leases"], &[]),
-            &status,
-            up,
-            "fence"
-        ));
-        assert!(rule_matches(
-            &rule(&["UPDATE"], &["*/*"], &[]),
-            &status,
-            up,
-            "fence"
-        ));
-        assert!(rule_matches(
-            &rule(&["UPDATE"], &["leases/*"], &[]),
-            &status,
-            up,
-            "fence"
-        ));
-        assert!(rule_matches(
-            &rule(&["UPDATE"], &["leases/status"], &[]),
-            &status,
-            up,
-            "fence"
-        ));
+        // (operations, resources, names, subresource request?, matches)
+        type Case<'a> = (&'a [&'a str], &'a [&'a str], &'a [&'a str], bool, bool);
+        let cases: &[Case] = &[
+            (&["UPDATE"], &["leases"], &[], false, true),
+            (&["CREATE"], &["leases"], &[], false, false),
+            (&["UPDATE"], &["leases"], &["fence"], false, true),
+            (&["UPDATE"], &["leases"], &["other"], false, false),
+            (&["UPDATE"], &["pods"], &[], false, false),
+            // `*` is every resource but no subresource; `*/*` and `leases/*` take those too.
+            (&["UPDATE"], &["*"], &[], false, true),
+            (&["UPDATE"], &["*"], &[], true, false),
+            (&["UPDATE"], &["leases"], &[], true, false),
+            (&["UPDATE"], &["*/*"], &[], true, true),
+            (&["UPDATE"], &["leases/*"], &[], true, true),
+            (&["UPDATE"], &["leases/status"], &[], true, true),
+        ];
+        for (ops, resources, names, sub, want) in cases {
+            let req = if *sub { &status } else { &main };
+            assert_eq!(
+                rule_matches(&rule(ops, resources, names), req, up, "fence"),
+                *want,
+                "{ops:?} {resources:?} {names:?} subresource: {sub}"
+            );
+        }
         let mut other_group = rule(&["UPDATE"], &["leases"], &[]);
         other_group["apiGroups"] = json!(["apps"]);
         assert!(!rule_matches(&other_group, &main, up, "fence"));
