@@ -876,17 +876,14 @@ impl Executor for ProcessProvider {
                     let _ = tokio::io::copy(&mut from, &mut to).await;
                 }));
             }
-            if let (Some(mut to), Some(mut from)) = (io.stdout, child.stdout.take()) {
-                pumps.push(tokio::spawn(async move {
-                    let _ = copy_large(&mut from, &mut to).await;
-                    let _ = to.shutdown().await;
-                }));
+            // The pipes are handed over whole: a kubelet API session reads them itself.
+            if let (Some(to), Some(from)) = (io.stdout, child.stdout.take()) {
+                widen_pipe(&from);
+                pumps.push(tokio::spawn(to.pump_from(from)));
             }
-            if let (Some(mut to), Some(mut from)) = (io.stderr, child.stderr.take()) {
-                pumps.push(tokio::spawn(async move {
-                    let _ = copy_large(&mut from, &mut to).await;
-                    let _ = to.shutdown().await;
-                }));
+            if let (Some(to), Some(from)) = (io.stderr, child.stderr.take()) {
+                widen_pipe(&from);
+                pumps.push(tokio::spawn(to.pump_from(from)));
             }
             let status = child
                 .wait()
@@ -908,25 +905,16 @@ impl Executor for ProcessProvider {
     }
 }
 
-/// Copies `from` to `to` in reads of up to 128 KiB. `tokio::io::copy` reads 8 KiB at a
-/// time, and every chunk handed on becomes a frame, a flush and a TLS record downstream:
-/// output of a fast command then costs several times its bytes.
-async fn copy_large<R, W>(from: &mut R, to: &mut W) -> std::io::Result<u64>
-where
-    R: tokio::io::AsyncRead + Unpin + ?Sized,
-    W: tokio::io::AsyncWrite + Unpin + ?Sized,
-{
-    use tokio::io::AsyncReadExt;
-    let mut buf = vec![0u8; 128 * 1024];
-    let mut total = 0u64;
-    loop {
-        let n = from.read(&mut buf).await?;
-        if n == 0 {
-            to.flush().await?;
-            return Ok(total);
-        }
-        to.write_all(&buf[..n]).await?;
-        total += n as u64;
+/// Output pipes of exec'd commands: 1 MiB (the unprivileged maximum by default) rather
+/// than the kernel's 64 KiB, so a fast writer (`cat big-file`) runs ahead while the session
+/// sends, and the session's reads come in large chunks: fewer frames, TLS records,
+/// syscalls and wake-ups per byte.
+const OUTPUT_PIPE: usize = 1 << 20;
+
+fn widen_pipe(pipe: &impl std::os::fd::AsFd) {
+    // Best effort: a lower `/proc/sys/fs/pipe-max-size` refuses it, and 64 KiB works.
+    if let Err(e) = rustix::pipe::fcntl_setpipe_size(pipe, OUTPUT_PIPE) {
+        tracing::debug!(error = %e, "widening an exec output pipe");
     }
 }
 
@@ -1008,14 +996,10 @@ async fn exec_on_terminal(
             let _ = to.flush().await;
         }));
     }
-    let output = io.stdout.map(|mut to| {
-        tokio::spawn(async move {
-            let mut from = tokio::fs::File::from_std(reader);
-            // Reading the terminal fails (EIO) once every program holding it is gone.
-            let _ = copy_large(&mut from, &mut to).await;
-            let _ = to.shutdown().await;
-        })
-    });
+    // Reading the terminal fails (EIO) once every program holding it is gone.
+    let output = io
+        .stdout
+        .map(|to| tokio::spawn(to.pump_from(tokio::fs::File::from_std(reader))));
     let status = child
         .wait()
         .await
