@@ -52,8 +52,8 @@ async fn loopback_copy(bytes: usize) -> Duration {
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
-/// The exec'd command alone: `head -c bytes /dev/zero` spawned here, its stdout pipe (1 MiB,
-/// as the process provider makes it) read in 128 KiB reads: what the exec path carries.
+/// The exec'd command alone: `head -c bytes /dev/zero` spawned here, its stdout pipe read
+/// in 128 KiB reads: what the exec path carries before any session work.
 async fn pipe_only(bytes: usize) -> Duration {
     let start = Instant::now();
     let mut child = tokio::process::Command::new("head")
@@ -62,8 +62,6 @@ async fn pipe_only(bytes: usize) -> Duration {
         .spawn()
         .unwrap();
     let mut out = child.stdout.take().unwrap();
-    // As the process provider does for an exec's output.
-    let _ = rustix::pipe::fcntl_setpipe_size(&out, 1 << 20);
     let mut buf = vec![0u8; 128 * 1024];
     let mut got = 0;
     loop {

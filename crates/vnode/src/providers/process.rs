@@ -878,11 +878,9 @@ impl Executor for ProcessProvider {
             }
             // The pipes are handed over whole: a kubelet API session reads them itself.
             if let (Some(to), Some(from)) = (io.stdout, child.stdout.take()) {
-                widen_pipe(&from);
                 pumps.push(tokio::spawn(to.pump_from(from)));
             }
             if let (Some(to), Some(from)) = (io.stderr, child.stderr.take()) {
-                widen_pipe(&from);
                 pumps.push(tokio::spawn(to.pump_from(from)));
             }
             let status = child
@@ -902,19 +900,6 @@ impl Executor for ProcessProvider {
                 .unwrap_or(255))
         }
         .boxed()
-    }
-}
-
-/// Output pipes of exec'd commands: 1 MiB (the unprivileged maximum by default) rather
-/// than the kernel's 64 KiB, so a fast writer (`cat big-file`) runs ahead while the session
-/// sends, and the session's reads come in large chunks: fewer frames, TLS records,
-/// syscalls and wake-ups per byte.
-const OUTPUT_PIPE: usize = 1 << 20;
-
-fn widen_pipe(pipe: &impl std::os::fd::AsFd) {
-    // Best effort: a lower `/proc/sys/fs/pipe-max-size` refuses it, and 64 KiB works.
-    if let Err(e) = rustix::pipe::fcntl_setpipe_size(pipe, OUTPUT_PIPE) {
-        tracing::debug!(error = %e, "widening an exec output pipe");
     }
 }
 
