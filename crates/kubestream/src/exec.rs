@@ -1,28 +1,37 @@
 //! Exec and attach sessions with a real process behind them, over either transport.
 //!
 //! [`serve`] takes the upgraded connection and a function that runs the process: it sets
-//! up the client's streams, hands the process a [`ProcessIo`] (pipes for stdin, stdout and
-//! stderr, and the terminal resize events), pumps bytes both ways while it runs, and when
-//! it ends sends what is left of its output, then the outcome on the error channel (the
-//! v4+ `Status` carrying a non-zero exit code, which kubectl turns into its own exit code).
+//! up the client's streams, hands the process a [`ProcessIo`] (a pipe for stdin, an
+//! [`Output`] each for stdout and stderr, and the terminal resize events), pumps bytes both
+//! ways while it runs, and when it ends sends what is left of its output, then the outcome
+//! on the error channel (the v4+ `Status` carrying a non-zero exit code, which kubectl
+//! turns into its own exit code).
+//!
+//! Output is the hot path (`kubectl exec ... cat big-file`): a process's pipe handed over
+//! with [`Output::pump_from`] is read by the session itself, straight into the buffer its
+//! frames are written from (the frame header goes in room kept in front of the data), so
+//! between the process's pipe and the TLS layer the bytes are not copied at all.
 //!
 //! If the client goes away first, the process future is dropped (a provider that spawns
 //! with `kill_on_drop` ends the process with it).
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
 use base64::Engine as _;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::codec::Framed;
+use tokio_util::sync::PollSender;
 
 use crate::channel::{
     CH_CLOSE, CH_ERROR, CH_RESIZE, CH_STDERR, CH_STDIN, CH_STDOUT, failure_message, is_v4_or_later,
@@ -39,11 +48,17 @@ pub const WS_EXEC_PROTOCOLS: &[&str] = &[
     "base64.channel.k8s.io",
 ];
 
-/// Size of the pipes between the session and the process.
+/// Size of the stdin pipe between the session and the process.
 const PIPE: usize = 256 * 1024;
 /// The most output read for one frame or message: large, because every message costs a
 /// frame, a flush and a TLS record write however small it is.
 const CHUNK: usize = 128 * 1024;
+/// Room kept in front of each chunk of output for the header of the frame that carries
+/// it: a WebSocket header (at most 10 bytes) and the channel byte, or a SPDY data frame
+/// header (8 bytes).
+const HEADROOM: usize = 11;
+/// Chunks written to an [`Output`] that wait for the session before a write waits too.
+const QUEUED: usize = 4;
 
 /// Which standard streams the client asked for (`input`, `output`, `error`, `tty`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,13 +90,188 @@ pub struct ProcessIo {
     /// What the client types; end of file when the client closes its stdin.
     pub stdin: Option<DuplexStream>,
     /// Where the process's standard output goes (drop or shut down to end it).
-    pub stdout: Option<DuplexStream>,
+    pub stdout: Option<Output>,
     /// Where its standard error goes (`None` with a tty).
-    pub stderr: Option<DuplexStream>,
+    pub stderr: Option<Output>,
     /// Terminal resize events (only with a tty).
     pub resize: mpsc::Receiver<TerminalSize>,
     /// Whether the client asked for a terminal.
     pub tty: bool,
+}
+
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+
+/// What an [`Output`] passes to the session.
+enum Feed {
+    /// Bytes written to it: [`HEADROOM`] bytes of room, then the data.
+    Data(Vec<u8>),
+    /// A source the session reads itself up to its end, then says so.
+    Reader(Reader, oneshot::Sender<()>),
+}
+
+/// Where one output stream of the process (stdout or stderr) goes: the session sends
+/// what arrives to the client on that stream.
+///
+/// Two ways in. [`Output::pump_from`] hands the session a reader (typically the process's
+/// pipe), which it reads straight into the buffer its frames are written from: no copy
+/// between the pipe and the TLS layer. Or write to it ([`AsyncWrite`]): one copy per write.
+/// Shutting it down, or dropping it, ends the stream.
+pub struct Output {
+    tx: PollSender<Feed>,
+}
+
+impl std::fmt::Debug for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Output")
+            .field("closed", &self.tx.is_closed())
+            .finish()
+    }
+}
+
+impl Output {
+    /// Sends everything `from` yields (up to its end of file or first read error), after
+    /// what was written before, then ends the stream. The session reads `from` itself;
+    /// this returns once it has sent the last of it (or the session is gone).
+    pub async fn pump_from<R>(self, from: R)
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+    {
+        let Some(tx) = self.tx.get_ref().cloned() else {
+            return;
+        };
+        drop(self);
+        let (done_tx, done_rx) = oneshot::channel();
+        if tx.send(Feed::Reader(Box::new(from), done_tx)).await.is_ok() {
+            drop(tx);
+            let _ = done_rx.await;
+        }
+    }
+}
+
+fn session_gone() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the exec session has ended")
+}
+
+impl AsyncWrite for Output {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let this = self.get_mut();
+        if ready!(this.tx.poll_reserve(cx)).is_err() {
+            return Poll::Ready(Err(session_gone()));
+        }
+        let n = buf.len().min(CHUNK);
+        let mut chunk = Vec::with_capacity(HEADROOM + n);
+        chunk.resize(HEADROOM, 0);
+        chunk.extend_from_slice(&buf[..n]);
+        match this.tx.send_item(Feed::Data(chunk)) {
+            Ok(()) => Poll::Ready(Ok(n)),
+            Err(_) => Poll::Ready(Err(session_gone())),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.get_mut().tx.close();
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The session's end of one [`Output`].
+struct Source {
+    rx: mpsc::Receiver<Feed>,
+    reading: Option<(Reader, oneshot::Sender<()>)>,
+}
+
+/// A chunk of output ready to send.
+enum Chunk {
+    /// `n` bytes read into the session's buffer, after its [`HEADROOM`].
+    Read(usize),
+    /// Bytes written to the [`Output`], after their [`HEADROOM`].
+    Written(Vec<u8>),
+}
+
+impl Source {
+    /// The next chunk (reads go to `buf[HEADROOM..]`); `None` once the stream ended.
+    /// Cancel-safe: every await is, and no state changes across one.
+    async fn next(&mut self, buf: &mut [u8]) -> Option<Chunk> {
+        loop {
+            if let Some((reader, _)) = self.reading.as_mut() {
+                match reader.read(&mut buf[HEADROOM..]).await {
+                    Ok(n) if n > 0 => return Some(Chunk::Read(n)),
+                    // The end of the reader (or it failed): say so, then what follows.
+                    _ => self.reading = None,
+                }
+            }
+            match self.rx.recv().await? {
+                Feed::Data(chunk) => return Some(Chunk::Written(chunk)),
+                Feed::Reader(reader, done) => self.reading = Some((reader, done)),
+            }
+        }
+    }
+}
+
+/// The next chunk of an optional source; pending forever when there is none.
+async fn next_opt(source: &mut Option<Source>, buf: &mut [u8]) -> Option<Chunk> {
+    match source {
+        Some(s) => s.next(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A reusable buffer for reads of output: [`HEADROOM`], then room for a chunk.
+fn read_buf() -> Vec<u8> {
+    vec![0; HEADROOM + CHUNK]
+}
+
+/// Writes `frame` (a whole frame) straight to the connection, bypassing the framing
+/// layer, and flushes it.
+async fn write_raw<W: AsyncWrite + Unpin>(io: &mut W, frame: &[u8]) -> std::io::Result<()> {
+    io.write_all(frame).await?;
+    io.flush().await
+}
+
+/// Puts a WebSocket binary message header and `channel` in front of the data in `chunk`
+/// (which starts at [`HEADROOM`]); answers where the frame starts.
+fn ws_binary_frame(chunk: &mut [u8], channel: u8) -> usize {
+    let len = chunk.len() - HEADROOM + 1;
+    chunk[HEADROOM - 1] = channel;
+    let mut header = [0u8; 10];
+    // FIN and the binary opcode; a server's frames are not masked.
+    header[0] = 0x82;
+    let header_len = if len < 126 {
+        header[1] = len as u8;
+        2
+    } else if let Ok(short) = u16::try_from(len) {
+        header[1] = 126;
+        header[2..4].copy_from_slice(&short.to_be_bytes());
+        4
+    } else {
+        header[1] = 127;
+        header[2..10].copy_from_slice(&(len as u64).to_be_bytes());
+        10
+    };
+    let start = HEADROOM - 1 - header_len;
+    chunk[start..HEADROOM - 1].copy_from_slice(&header[..header_len]);
+    start
+}
+
+/// Puts a SPDY data frame header (no flags) in front of the data in `chunk` (which starts
+/// at [`HEADROOM`]); answers where the frame starts.
+fn spdy_data_frame(chunk: &mut [u8], stream_id: u32) -> usize {
+    let len = (chunk.len() - HEADROOM) as u32;
+    let start = HEADROOM - 8;
+    chunk[start..start + 4].copy_from_slice(&(stream_id & 0x7fff_ffff).to_be_bytes());
+    chunk[start + 4..HEADROOM].copy_from_slice(&len.to_be_bytes());
+    start
 }
 
 /// How the process ended.
@@ -103,8 +293,8 @@ pub enum SessionError {
     /// The WebSocket connection broke or sent something malformed.
     #[error("WebSocket session")]
     WebSocket(#[from] tokio_tungstenite::tungstenite::Error),
-    /// Reading or writing a pipe to the process failed.
-    #[error("process pipe")]
+    /// Writing to the connection or to the process's stdin pipe failed.
+    #[error("connection or process pipe")]
     Io(#[from] std::io::Error),
 }
 
@@ -139,8 +329,8 @@ pub fn status_payload(protocol: &str, command: &[String], outcome: &Outcome) -> 
 struct Pipes {
     io: ProcessIo,
     stdin: Option<DuplexStream>,
-    stdout: Option<DuplexStream>,
-    stderr: Option<DuplexStream>,
+    stdout: Option<Source>,
+    stderr: Option<Source>,
     resize: mpsc::Sender<TerminalSize>,
 }
 
@@ -153,9 +343,23 @@ fn pipes(streams: Streams) -> Pipes {
             (None, None)
         }
     };
+    let output = |on: bool| {
+        if on {
+            let (tx, rx) = mpsc::channel(QUEUED);
+            let source = Source { rx, reading: None };
+            (
+                Some(source),
+                Some(Output {
+                    tx: PollSender::new(tx),
+                }),
+            )
+        } else {
+            (None, None)
+        }
+    };
     let (stdin_ours, stdin_theirs) = pair(streams.stdin);
-    let (stdout_ours, stdout_theirs) = pair(streams.stdout);
-    let (stderr_ours, stderr_theirs) = pair(streams.stderr && !streams.tty);
+    let (stdout_ours, stdout_theirs) = output(streams.stdout);
+    let (stderr_ours, stderr_theirs) = output(streams.stderr && !streams.tty);
     let (resize, resize_rx) = mpsc::channel(8);
     Pipes {
         io: ProcessIo {
@@ -170,25 +374,6 @@ fn pipes(streams: Streams) -> Pipes {
         stderr: stderr_ours,
         resize,
     }
-}
-
-/// Appends up to [`CHUNK`] bytes from an optional pipe to `buf` (its spare capacity, not
-/// zeroed first); pending forever when there is none.
-async fn read_opt_into(
-    pipe: &mut Option<DuplexStream>,
-    buf: &mut Vec<u8>,
-) -> std::io::Result<usize> {
-    match pipe {
-        Some(p) => p.take(CHUNK as u64).read_buf(buf).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// A buffer for one outgoing message: `prefix`, then room for a chunk.
-fn message_buf(prefix: Option<u8>) -> Vec<u8> {
-    let mut v = Vec::with_capacity(1 + CHUNK);
-    v.extend(prefix);
-    v
 }
 
 fn parse_resizes(data: &[u8], out: &mpsc::Sender<TerminalSize>) {
@@ -340,29 +525,32 @@ where
     let process = run(process_io);
     tokio::pin!(process);
     let mut outcome = None;
-    // Each chunk is read into a buffer of its own that becomes the frame's data (no copy).
-    let mut buf_out = message_buf(None);
-    let mut buf_err = message_buf(None);
+    let mut buf_out = read_buf();
+    let mut buf_err = read_buf();
+    // A data frame written straight to the connection, its header put in front of the
+    // data (anything the codec holds goes first).
+    macro_rules! send_data {
+        ($id:expr, $chunk:expr) => {{
+            let chunk: &mut [u8] = $chunk;
+            if let Some(id) = $id {
+                let start = spdy_data_frame(chunk, id);
+                conn.flush().await?;
+                write_raw(conn.get_mut(), &chunk[start..]).await?;
+            }
+        }};
+    }
     while outcome.is_none() || stdout_r.is_some() || stderr_r.is_some() {
         tokio::select! {
             o = &mut process, if outcome.is_none() => outcome = Some(o),
-            n = read_opt_into(&mut stdout_r, &mut buf_out) => match n {
-                Ok(n) if n > 0 => {
-                    let data = Bytes::from(std::mem::replace(&mut buf_out, message_buf(None)));
-                    if let Some(id) = out_id {
-                        conn.send(Frame::Data { stream_id: id, flags: 0, data }).await?;
-                    }
-                }
-                _ => stdout_r = None,
+            c = next_opt(&mut stdout_r, &mut buf_out) => match c {
+                Some(Chunk::Read(n)) => send_data!(out_id, &mut buf_out[..HEADROOM + n]),
+                Some(Chunk::Written(mut chunk)) => send_data!(out_id, &mut chunk),
+                None => stdout_r = None,
             },
-            n = read_opt_into(&mut stderr_r, &mut buf_err) => match n {
-                Ok(n) if n > 0 => {
-                    let data = Bytes::from(std::mem::replace(&mut buf_err, message_buf(None)));
-                    if let Some(id) = err_id {
-                        conn.send(Frame::Data { stream_id: id, flags: 0, data }).await?;
-                    }
-                }
-                _ => stderr_r = None,
+            c = next_opt(&mut stderr_r, &mut buf_err) => match c {
+                Some(Chunk::Read(n)) => send_data!(err_id, &mut buf_err[..HEADROOM + n]),
+                Some(Chunk::Written(mut chunk)) => send_data!(err_id, &mut chunk),
+                None => stderr_r = None,
             },
             f = conn.next() => match f {
                 None => return Ok(()),
@@ -474,27 +662,36 @@ where
     let process = run(process_io);
     tokio::pin!(process);
     let mut outcome = None;
-    // Binary protocols: each chunk is read after its channel byte into a buffer of its
-    // own that becomes the message (no copy); base64 ones encode it.
-    let prefix = |ch: u8| (!base64).then_some(ch);
-    let mut buf_out = message_buf(prefix(CH_STDOUT));
-    let mut buf_err = message_buf(prefix(CH_STDERR));
+    let mut buf_out = read_buf();
+    let mut buf_err = read_buf();
+    // Binary protocols: the message is written straight to the connection, its header
+    // and channel byte put in front of the data (anything tungstenite holds, such as the
+    // answer to a ping, goes first); base64 ones encode it.
+    macro_rules! send_output {
+        ($channel:expr, $chunk:expr) => {{
+            let chunk: &mut [u8] = $chunk;
+            if base64 {
+                ws.send(ws_message(true, $channel, &chunk[HEADROOM..]))
+                    .await?;
+            } else {
+                let start = ws_binary_frame(chunk, $channel);
+                ws.flush().await?;
+                write_raw(ws.get_mut(), &chunk[start..]).await?;
+            }
+        }};
+    }
     while outcome.is_none() || stdout_r.is_some() || stderr_r.is_some() {
         tokio::select! {
             o = &mut process, if outcome.is_none() => outcome = Some(o),
-            n = read_opt_into(&mut stdout_r, &mut buf_out) => match n {
-                Ok(n) if n > 0 => {
-                    let full = std::mem::replace(&mut buf_out, message_buf(prefix(CH_STDOUT)));
-                    ws.send(if base64 { ws_message(true, CH_STDOUT, &full) } else { Message::binary(full) }).await?;
-                }
-                _ => stdout_r = None,
+            c = next_opt(&mut stdout_r, &mut buf_out) => match c {
+                Some(Chunk::Read(n)) => send_output!(CH_STDOUT, &mut buf_out[..HEADROOM + n]),
+                Some(Chunk::Written(mut chunk)) => send_output!(CH_STDOUT, &mut chunk),
+                None => stdout_r = None,
             },
-            n = read_opt_into(&mut stderr_r, &mut buf_err) => match n {
-                Ok(n) if n > 0 => {
-                    let full = std::mem::replace(&mut buf_err, message_buf(prefix(CH_STDERR)));
-                    ws.send(if base64 { ws_message(true, CH_STDERR, &full) } else { Message::binary(full) }).await?;
-                }
-                _ => stderr_r = None,
+            c = next_opt(&mut stderr_r, &mut buf_err) => match c {
+                Some(Chunk::Read(n)) => send_output!(CH_STDERR, &mut buf_err[..HEADROOM + n]),
+                Some(Chunk::Written(mut chunk)) => send_output!(CH_STDERR, &mut chunk),
+                None => stderr_r = None,
             },
             m = ws.next() => {
                 let msg = match m {
@@ -655,6 +852,134 @@ mod tests {
         assert_eq!(by_stream[&7], b"E");
         let s: serde_json::Value = serde_json::from_slice(&by_stream[&1]).unwrap();
         assert_eq!(s["details"]["causes"][0]["message"], "3");
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8 ^ seed).collect()
+    }
+
+    /// A "process" whose stdout gets a write, then a reader handed over (more than one
+    /// chunk, so frames of every header size), and whose stderr gets a small reader.
+    async fn pumped(mut io: ProcessIo) -> Outcome {
+        let mut out = io.stdout.take().unwrap();
+        let err = io.stderr.take().unwrap();
+        out.write_all(b"w:").await.unwrap();
+        tokio::join!(
+            out.pump_from(std::io::Cursor::new(pattern(300_000, 0))),
+            err.pump_from(std::io::Cursor::new(pattern(1000, 7))),
+        );
+        Outcome::Exited(0)
+    }
+
+    fn output_only() -> Streams {
+        Streams {
+            stdin: false,
+            stdout: true,
+            stderr: true,
+            tty: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn websocket_output_pumped_from_readers_arrives_whole_and_in_order() {
+        for protocol in ["v5.channel.k8s.io", "v4.base64.channel.k8s.io"] {
+            let (server, client) = tokio::io::duplex(PIPE);
+            let cmd = vec!["pumped".to_string()];
+            let session = tokio::spawn(async move {
+                serve(
+                    server,
+                    Transport::WebSocket,
+                    protocol,
+                    output_only(),
+                    &cmd,
+                    pumped,
+                )
+                .await
+            });
+            let mut ws = WebSocketStream::from_raw_socket(client, Role::Client, None).await;
+            let b64 = protocol.contains("base64");
+            let (mut out, mut err, mut status) = (Vec::new(), Vec::new(), String::new());
+            while let Some(Ok(msg)) = ws.next().await {
+                match ws_decode(b64, &msg) {
+                    Some((CH_STDOUT, d)) => out.extend(d),
+                    Some((CH_STDERR, d)) => err.extend(d),
+                    Some((CH_ERROR, d)) => status.push_str(&String::from_utf8(d).unwrap()),
+                    _ => {}
+                }
+            }
+            session.await.unwrap().unwrap();
+            let mut want = b"w:".to_vec();
+            want.extend(pattern(300_000, 0));
+            assert!(
+                out == want,
+                "{protocol}: stdout of {} bytes differs",
+                out.len()
+            );
+            assert_eq!(err, pattern(1000, 7), "{protocol}");
+            assert!(status.contains("Success"), "{protocol}: {status}");
+        }
+    }
+
+    #[tokio::test]
+    async fn spdy_output_pumped_from_readers_arrives_whole_and_in_order() {
+        let (server, client) = tokio::io::duplex(PIPE);
+        let cmd = vec!["pumped".to_string()];
+        let session = tokio::spawn(async move {
+            serve(
+                server,
+                Transport::Spdy,
+                "v4.channel.k8s.io",
+                output_only(),
+                &cmd,
+                pumped,
+            )
+            .await
+        });
+        let mut conn = Framed::new(client, Codec::new());
+        for (id, kind) in [(1, "error"), (3, "stdout"), (5, "stderr")] {
+            conn.send(Frame::SynStream {
+                stream_id: id,
+                associated_to: 0,
+                priority: 0,
+                flags: 0,
+                headers: vec![("streamtype".into(), kind.into())],
+            })
+            .await
+            .unwrap();
+        }
+        let mut by_stream: HashMap<u32, Vec<u8>> = HashMap::new();
+        let mut ended = Vec::new();
+        while let Some(Ok(frame)) = conn.next().await {
+            match frame {
+                Frame::Data {
+                    stream_id,
+                    flags,
+                    data,
+                } => {
+                    by_stream.entry(stream_id).or_default().extend(&data[..]);
+                    if flags & FLAG_FIN != 0 {
+                        ended.push(stream_id);
+                    }
+                }
+                Frame::GoAway { .. } => break,
+                _ => {}
+            }
+        }
+        session.await.unwrap().unwrap();
+        let mut want = b"w:".to_vec();
+        want.extend(pattern(300_000, 0));
+        assert!(
+            by_stream[&3] == want,
+            "stdout of {} bytes differs",
+            by_stream[&3].len()
+        );
+        assert_eq!(by_stream[&5], pattern(1000, 7));
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&by_stream[&1]).unwrap()["status"],
+            "Success"
+        );
+        ended.sort_unstable();
+        assert_eq!(ended, [1, 3, 5], "every stream ends with FIN");
     }
 
     #[test]

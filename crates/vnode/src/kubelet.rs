@@ -68,7 +68,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::handler::{Handler, PodInstance};
-use crate::provider::{ByteSink, ByteStream, ExecIo, InstanceStats, LogOptions, Provider};
+use crate::provider::{ByteStream, ExecIo, ExecOutput, InstanceStats, LogOptions, Provider};
 
 /// Where the kubelet API listens by default (a real kubelet's port, so existing
 /// NetworkPolicies and habits carry over; the API server dials whatever the Node says).
@@ -746,8 +746,8 @@ async fn run_session(
     }
     let io = ExecIo {
         stdin: pio.stdin.map(|s| Box::pin(s) as ByteStream),
-        stdout: pio.stdout.map(|s| Box::pin(s) as ByteSink),
-        stderr: pio.stderr.map(|s| Box::pin(s) as ByteSink),
+        stdout: pio.stdout.map(ExecOutput::session),
+        stderr: pio.stderr.map(ExecOutput::session),
         tty: pio.tty,
         resize: pio.tty.then_some(resize_rx),
     };

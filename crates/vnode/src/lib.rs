@@ -83,8 +83,8 @@ pub use kubelet::KubeletServer;
 pub use metrics::Metrics;
 pub use provider::{
     Attacher, BlockScope, ByteSink, ByteStream, Capabilities, ConnectCredential, Duplex, ExecIo,
-    Executor, Instance, InstanceState, InstanceStats, LogOptions, LogStreamer, PortForwarder,
-    Provider, ProviderError, ProvisionRequest, StatsSource, UpdateRequest,
+    ExecOutput, Executor, Instance, InstanceState, InstanceStats, LogOptions, LogStreamer,
+    PortForwarder, Provider, ProviderError, ProvisionRequest, StatsSource, UpdateRequest,
 };
 pub use runner::Runner;
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -294,6 +295,114 @@ pub type ByteStream = Pin<Box<dyn AsyncRead + Send>>;
 /// A byte sink written by the kubelet API.
 pub type ByteSink = Pin<Box<dyn AsyncWrite + Send>>;
 
+/// Where one output stream (stdout or stderr) of an exec or attach session goes.
+///
+/// A provider that has the output as a reader (a process's pipe) hands it over with
+/// [`ExecOutput::pump_from`]: to a kubelet API session that is the fast path (the session
+/// reads the pipe straight into the buffer it sends frames from). Anything else writes to
+/// it ([`AsyncWrite`]).
+pub struct ExecOutput(OutputKind);
+
+enum OutputKind {
+    /// Any writer (tests, other callers).
+    Writer(ByteSink),
+    /// A stream of a kubelet API session.
+    Session(kubestream::exec::Output),
+}
+
+impl ExecOutput {
+    /// Output to any writer.
+    pub fn writer(w: impl AsyncWrite + Send + 'static) -> ExecOutput {
+        ExecOutput(OutputKind::Writer(Box::pin(w)))
+    }
+
+    /// Output to a stream of a kubelet API session.
+    pub(crate) fn session(o: kubestream::exec::Output) -> ExecOutput {
+        ExecOutput(OutputKind::Session(o))
+    }
+
+    /// Sends everything `from` yields up to its end of file (or first read error), then
+    /// ends this output. Answers once the last of it was passed on, or the receiving side
+    /// is gone.
+    pub async fn pump_from<R>(self, mut from: R)
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+    {
+        match self.0 {
+            OutputKind::Session(o) => o.pump_from(from).await,
+            OutputKind::Writer(mut w) => {
+                use tokio::io::AsyncWriteExt;
+                let _ = copy_large(&mut from, &mut w).await;
+                let _ = w.shutdown().await;
+            }
+        }
+    }
+}
+
+impl From<ByteSink> for ExecOutput {
+    fn from(w: ByteSink) -> ExecOutput {
+        ExecOutput(OutputKind::Writer(w))
+    }
+}
+
+impl std::fmt::Debug for ExecOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            OutputKind::Writer(_) => "ExecOutput::Writer",
+            OutputKind::Session(_) => "ExecOutput::Session",
+        })
+    }
+}
+
+impl AsyncWrite for ExecOutput {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match &mut self.get_mut().0 {
+            OutputKind::Writer(w) => w.as_mut().poll_write(cx, buf),
+            OutputKind::Session(o) => Pin::new(o).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.get_mut().0 {
+            OutputKind::Writer(w) => w.as_mut().poll_flush(cx),
+            OutputKind::Session(o) => Pin::new(o).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match &mut self.get_mut().0 {
+            OutputKind::Writer(w) => w.as_mut().poll_shutdown(cx),
+            OutputKind::Session(o) => Pin::new(o).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Copies `from` to `to` in reads of up to 128 KiB. `tokio::io::copy` reads 8 KiB at a
+/// time, and every chunk handed on becomes a frame, a flush and a TLS record downstream:
+/// output of a fast command then costs several times its bytes.
+async fn copy_large<R, W>(from: &mut R, to: &mut W) -> std::io::Result<u64>
+where
+    R: AsyncRead + Unpin + ?Sized,
+    W: AsyncWrite + Unpin + ?Sized,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            to.flush().await?;
+            return Ok(total);
+        }
+        to.write_all(&buf[..n]).await?;
+        total += n as u64;
+    }
+}
+
 /// A duplex stream (port-forward).
 pub trait Duplex: AsyncRead + AsyncWrite + Send {}
 impl<T: AsyncRead + AsyncWrite + Send> Duplex for T {}
@@ -329,9 +438,9 @@ pub struct ExecIo {
     /// Standard input, if the client sends one.
     pub stdin: Option<ByteStream>,
     /// Standard output, if the client wants it.
-    pub stdout: Option<ByteSink>,
+    pub stdout: Option<ExecOutput>,
     /// Standard error, if the client wants it (`None` with a terminal: it has one output).
-    pub stderr: Option<ByteSink>,
+    pub stderr: Option<ExecOutput>,
     /// Run the command on a terminal (`kubectl exec -t`): stdin and stdout are the
     /// terminal's.
     pub tty: bool,
@@ -348,8 +457,8 @@ impl ExecIo {
     ) -> ExecIo {
         ExecIo {
             stdin,
-            stdout,
-            stderr,
+            stdout: stdout.map(ExecOutput::from),
+            stderr: stderr.map(ExecOutput::from),
             tty: false,
             resize: None,
         }

@@ -876,17 +876,12 @@ impl Executor for ProcessProvider {
                     let _ = tokio::io::copy(&mut from, &mut to).await;
                 }));
             }
-            if let (Some(mut to), Some(mut from)) = (io.stdout, child.stdout.take()) {
-                pumps.push(tokio::spawn(async move {
-                    let _ = copy_large(&mut from, &mut to).await;
-                    let _ = to.shutdown().await;
-                }));
+            // The pipes are handed over whole: a kubelet API session reads them itself.
+            if let (Some(to), Some(from)) = (io.stdout, child.stdout.take()) {
+                pumps.push(tokio::spawn(to.pump_from(from)));
             }
-            if let (Some(mut to), Some(mut from)) = (io.stderr, child.stderr.take()) {
-                pumps.push(tokio::spawn(async move {
-                    let _ = copy_large(&mut from, &mut to).await;
-                    let _ = to.shutdown().await;
-                }));
+            if let (Some(to), Some(from)) = (io.stderr, child.stderr.take()) {
+                pumps.push(tokio::spawn(to.pump_from(from)));
             }
             let status = child
                 .wait()
@@ -905,28 +900,6 @@ impl Executor for ProcessProvider {
                 .unwrap_or(255))
         }
         .boxed()
-    }
-}
-
-/// Copies `from` to `to` in reads of up to 128 KiB. `tokio::io::copy` reads 8 KiB at a
-/// time, and every chunk handed on becomes a frame, a flush and a TLS record downstream:
-/// output of a fast command then costs several times its bytes.
-async fn copy_large<R, W>(from: &mut R, to: &mut W) -> std::io::Result<u64>
-where
-    R: tokio::io::AsyncRead + Unpin + ?Sized,
-    W: tokio::io::AsyncWrite + Unpin + ?Sized,
-{
-    use tokio::io::AsyncReadExt;
-    let mut buf = vec![0u8; 128 * 1024];
-    let mut total = 0u64;
-    loop {
-        let n = from.read(&mut buf).await?;
-        if n == 0 {
-            to.flush().await?;
-            return Ok(total);
-        }
-        to.write_all(&buf[..n]).await?;
-        total += n as u64;
     }
 }
 
@@ -1008,14 +981,10 @@ async fn exec_on_terminal(
             let _ = to.flush().await;
         }));
     }
-    let output = io.stdout.map(|mut to| {
-        tokio::spawn(async move {
-            let mut from = tokio::fs::File::from_std(reader);
-            // Reading the terminal fails (EIO) once every program holding it is gone.
-            let _ = copy_large(&mut from, &mut to).await;
-            let _ = to.shutdown().await;
-        })
-    });
+    // Reading the terminal fails (EIO) once every program holding it is gone.
+    let output = io
+        .stdout
+        .map(|to| tokio::spawn(to.pump_from(tokio::fs::File::from_std(reader))));
     let status = child
         .wait()
         .await

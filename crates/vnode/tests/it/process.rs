@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vnode::providers::process::ProcessProvider;
-use vnode::{ExecIo, InstanceState, LogOptions, Provider, ProvisionRequest};
+use vnode::{ExecIo, ExecOutput, InstanceState, LogOptions, Provider, ProvisionRequest};
 
 use crate::common::*;
 
@@ -339,7 +339,7 @@ async fn attach_to_a_terminal_pod_sets_its_size() -> anyhow::Result<()> {
     let mut session = tokio::spawn(async move {
         let io = ExecIo {
             stdin: Some(Box::pin(stdin_r)),
-            stdout: Some(Box::pin(out_w)),
+            stdout: Some(ExecOutput::writer(out_w)),
             stderr: None,
             tty: true,
             resize: Some(resize_rx),
