@@ -100,13 +100,17 @@ impl fmt::Display for SmallStr {
 /// the string itself otherwise. Renders back to exactly the string it was made from.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Uid {
-    Uuid(u128),
+    /// The UUID's bytes (an array, not a `u128`, so a record keeps 8-byte alignment).
+    Uuid([u8; 16]),
     Other(SmallStr),
 }
 
 impl Uid {
     pub(crate) fn new(s: &str) -> Uid {
-        parse_uuid(s).map_or_else(|| Uid::Other(SmallStr::new(s)), Uid::Uuid)
+        parse_uuid(s).map_or_else(
+            || Uid::Other(SmallStr::new(s)),
+            |v| Uid::Uuid(v.to_be_bytes()),
+        )
     }
 }
 
@@ -135,7 +139,7 @@ impl fmt::Display for Uid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Uid::Uuid(v) => {
-                let h = format!("{v:032x}");
+                let h = hex::encode(v);
                 write!(
                     f,
                     "{}-{}-{}-{}-{}",
@@ -237,6 +241,7 @@ mod tests {
             assert_eq!(Uid::new(s).to_string(), s);
         }
         assert_ne!(Uid::new(uuid), Uid::new(&uuid.to_uppercase()));
+        assert_eq!(std::mem::size_of::<Option<Uid>>(), 24);
     }
 
     #[test]
