@@ -702,6 +702,24 @@ mod tests {
             let c = two["containerStatuses"][0].clone();
             two["containerStatuses"].as_array_mut().unwrap().push(c);
             out.push(Some(two));
+            // The pod's phase, message or reason alone differs.
+            let mut phase = v.clone();
+            phase["phase"] = json!("Unknown");
+            out.push(Some(phase));
+            let mut message = v.clone();
+            message["message"] = json!("said by someone else");
+            out.push(Some(message));
+            let mut reason = v.clone();
+            reason["reason"] = json!("SomeoneElses");
+            out.push(Some(reason));
+            // The container's readiness or name alone differs.
+            let mut unready = v.clone();
+            let ready = unready["containerStatuses"][0]["ready"].as_bool().unwrap();
+            unready["containerStatuses"][0]["ready"] = json!(!ready);
+            out.push(Some(unready));
+            let mut renamed = v.clone();
+            renamed["containerStatuses"][0]["name"] = json!("other");
+            out.push(Some(renamed));
             let mut noreason = v.clone();
             noreason["containerStatuses"][0]["state"] = json!({"waiting": {}});
             out.push(Some(noreason));
