@@ -70,35 +70,28 @@ fn put_or_remove(g: &mut Inner, idx: usize, o: Value) {
     }
 }
 
-/// One collection pass over the whole store.
+/// One collection pass.
 /// Returns whether anything changed (the caller repeats until nothing does, since a
 /// deletion can orphan further dependents).
+///
+/// It decides as a walk over every stored object would, but only looks at what can have
+/// changed: the objects being deleted (for foreground and orphan deletion) and the
+/// dependents the store marked since the last pass (written since, or an owner of theirs
+/// removed). Every other dependent's owners are all as they were when it was last looked
+/// at, so its verdict is still to keep it. The store keeps these indexes on every write,
+/// so a pass costs what changed, not the number of stored objects.
 pub fn pass(g: &mut Inner) -> bool {
     let mut changed = false;
     // Owners being deleted in the foreground or with orphaning.
     let mut foreground: Vec<(usize, Arc<Value>)> = Vec::new();
     let mut orphaning: Vec<(usize, Arc<Value>)> = Vec::new();
-    let mut dependents: Vec<(usize, Arc<Value>)> = Vec::new();
-    for (idx, r) in RESOURCES.iter().enumerate() {
-        if r.create_only {
-            continue;
+    for (idx, o) in g.deleting() {
+        let f = finalizers(&o);
+        if f.iter().any(|x| x == "foregroundDeletion") {
+            foreground.push((idx, o.clone()));
         }
-        for o in g.list(idx, None) {
-            if o.pointer("/metadata/deletionTimestamp").is_some() {
-                let f = finalizers(&o);
-                if f.iter().any(|x| x == "foregroundDeletion") {
-                    foreground.push((idx, o.clone()));
-                }
-                if f.iter().any(|x| x == "orphan") {
-                    orphaning.push((idx, o.clone()));
-                }
-            }
-            if o.pointer("/metadata/ownerReferences")
-                .and_then(Value::as_array)
-                .is_some_and(|a| !a.is_empty())
-            {
-                dependents.push((idx, o));
-            }
+        if f.iter().any(|x| x == "orphan") {
+            orphaning.push((idx, o));
         }
     }
     let refs_of = |o: &Value| -> Vec<Value> {
@@ -107,21 +100,24 @@ pub fn pass(g: &mut Inner) -> bool {
             .cloned()
             .unwrap_or_default()
     };
-    for (idx, owner) in &orphaning {
-        let uid = owner
-            .pointer("/metadata/uid")
+    let uid_of = |o: &Value| -> String {
+        o.pointer("/metadata/uid")
             .and_then(Value::as_str)
-            .unwrap_or("");
-        for (didx, d) in &dependents {
-            let refs = refs_of(d);
-            if refs.iter().any(|r| r["uid"] == uid) {
-                let mut nd = (**d).clone();
+            .unwrap_or("")
+            .to_string()
+    };
+    for (idx, owner) in &orphaning {
+        let uid = uid_of(owner);
+        for (didx, d) in g.dependents_of(&uid) {
+            let refs = refs_of(&d);
+            if refs.iter().any(|r| r["uid"] == uid.as_str()) {
+                let mut nd = (*d).clone();
                 nd["metadata"]["ownerReferences"] = json!(
                     refs.into_iter()
-                        .filter(|r| r["uid"] != uid)
+                        .filter(|r| r["uid"] != uid.as_str())
                         .collect::<Vec<_>>()
                 );
-                g.put(*didx, nd);
+                g.put(didx, nd);
                 changed = true;
             }
         }
@@ -134,16 +130,13 @@ pub fn pass(g: &mut Inner) -> bool {
         return true;
     }
     for (idx, owner) in &foreground {
-        let uid = owner
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let uid = uid_of(owner);
         // `processDeletingDependentsItem`: the owner waits only for dependents whose
         // reference to it sets blockOwnerDeletion.
         let mut blocked = false;
-        for (didx, d) in &dependents {
-            let refs = refs_of(d);
-            let Some(r) = refs.iter().find(|r| r["uid"] == uid) else {
+        for (didx, d) in g.dependents_of(&uid) {
+            let refs = refs_of(&d);
+            let Some(r) = refs.iter().find(|r| r["uid"] == uid.as_str()) else {
                 continue;
             };
             if r.get("blockOwnerDeletion") == Some(&json!(true)) {
@@ -154,19 +147,22 @@ pub fn pass(g: &mut Inner) -> bool {
             }
             let solid_other = refs
                 .iter()
-                .any(|o| o["uid"] != uid && owner_state(g, d, o) == OwnerState::Solid);
+                .any(|o| o["uid"] != uid.as_str() && owner_state(g, &d, o) == OwnerState::Solid);
             if solid_other {
                 // `attemptToDeleteItem`: another live owner keeps it; only this
                 // reference goes.
-                let mut nd = (**d).clone();
-                nd["metadata"]["ownerReferences"] =
-                    json!(refs.iter().filter(|o| o["uid"] != uid).collect::<Vec<_>>());
-                g.put(*didx, nd);
+                let mut nd = (*d).clone();
+                nd["metadata"]["ownerReferences"] = json!(
+                    refs.iter()
+                        .filter(|o| o["uid"] != uid.as_str())
+                        .collect::<Vec<_>>()
+                );
+                g.put(didx, nd);
             } else {
-                let (ns, name) = obj_key(d);
+                let (ns, name) = obj_key(&d);
                 let _ = delete_locked(
                     g,
-                    &RESOURCES[*didx],
+                    &RESOURCES[didx],
                     &ns,
                     &name,
                     None,
@@ -184,8 +180,17 @@ pub fn pass(g: &mut Inner) -> bool {
     if changed {
         return true;
     }
-    for (didx, d) in &dependents {
-        let refs = refs_of(d);
+    // The marked dependents in store order; one marked again while this runs is looked
+    // at in this pass when it comes later in that order, else in the next pass (as a walk
+    // over a snapshot of every dependent would).
+    let mut cursor = None;
+    while let Some(loc) = g.take_gc_dirty(cursor.as_ref()) {
+        let (didx, (ns, name)) = &loc;
+        let Some(d) = g.get(*didx, ns, name) else {
+            cursor = Some(loc);
+            continue;
+        };
+        let refs = refs_of(&d);
         let states: Vec<(String, OwnerState)> = refs
             .iter()
             .map(|r| {
@@ -194,7 +199,7 @@ pub fn pass(g: &mut Inner) -> bool {
                         .and_then(Value::as_str)
                         .unwrap_or("")
                         .to_string(),
-                    owner_state(g, d, r),
+                    owner_state(g, &d, r),
                 )
             })
             .collect();
@@ -206,19 +211,22 @@ pub fn pass(g: &mut Inner) -> bool {
         match verdict(&refs, &gone) {
             Verdict::Keep => {}
             Verdict::Prune(live) => {
-                let mut nd = (**d).clone();
+                let mut nd = (*d).clone();
                 nd["metadata"]["ownerReferences"] = json!(live);
                 g.put(*didx, nd);
                 changed = true;
             }
             Verdict::Delete => {
                 if d.pointer("/metadata/deletionTimestamp").is_none() {
-                    let (ns, name) = obj_key(d);
-                    let _ = delete_locked(g, &RESOURCES[*didx], &ns, &name, None, None, false);
+                    if delete_locked(g, &RESOURCES[*didx], ns, name, None, None, false).is_err() {
+                        // Tried again next pass, as a walk over every dependent would.
+                        g.mark_gc_dirty(loc.clone());
+                    }
                     changed = true;
                 }
             }
         }
+        cursor = Some(loc);
     }
     changed |= namespace_pass(g);
     changed
@@ -354,6 +362,56 @@ mod tests {
         );
         assert_eq!(verdict(&refs(&["b"]), &gone_a), Verdict::Keep);
         assert_eq!(verdict(&[], &gone_a), Verdict::Keep);
+    }
+
+    #[test]
+    fn a_pass_looks_only_at_what_changed() {
+        let store = crate::store::Store::new(1000);
+        let mut g = store.lock();
+        let cms = res_index(find("", "v1", "configmaps").expect("served"));
+        let cm = |name: &str, owners: &[&str]| {
+            let refs: Vec<Value> = owners
+                .iter()
+                .map(|o| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": o, "uid": format!("u-{o}")}))
+                .collect();
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+                "name": name, "namespace": "default", "uid": format!("u-{name}"),
+                "ownerReferences": refs,
+            }})
+        };
+        let settle = |g: &mut Inner| while pass(g) {};
+        g.put(cms, cm("owner", &[]));
+        g.put(cms, cm("dep", &["owner"]));
+        g.put(cms, cm("dangling", &["missing"]));
+        settle(&mut g);
+        assert!(g.get(cms, "default", "dangling").is_none());
+        assert!(g.get(cms, "default", "dep").is_some());
+        // Nothing is left to look at, and a write that names no owner adds nothing.
+        assert_eq!(g.take_gc_dirty(None), None);
+        g.put(cms, cm("other", &[]));
+        assert_eq!(g.take_gc_dirty(None), None);
+        assert!(!pass(&mut g));
+        // Removing the owner marks its dependent, which the next pass deletes.
+        g.remove(cms, "default", "owner");
+        assert!(pass(&mut g));
+        assert!(g.get(cms, "default", "dep").is_none());
+        // An owner deleted with orphaning: the dependent loses the reference and stays.
+        g.put(cms, cm("o2", &[]));
+        g.put(cms, cm("d2", &["o2", "other"]));
+        settle(&mut g);
+        let mut o2 = (*g.get(cms, "default", "o2").expect("stored")).clone();
+        o2["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        o2["metadata"]["finalizers"] = json!(["orphan"]);
+        g.put(cms, o2);
+        settle(&mut g);
+        assert!(g.get(cms, "default", "o2").is_none());
+        let d2 = g.get(cms, "default", "d2").expect("kept");
+        assert_eq!(
+            d2["metadata"]["ownerReferences"],
+            json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u-other"}])
+        );
+        assert!(g.dependents_of("u-o2").is_empty());
+        assert_eq!(g.dependents_of("u-other").len(), 1);
     }
 
     #[test]

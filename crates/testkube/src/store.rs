@@ -1,7 +1,7 @@
 //! The object store: every object as JSON, one global resourceVersion counter, and a
 //! retained window of change events that watches resume from.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
@@ -67,6 +67,9 @@ impl TooOld {
 
 type ObjKey = (String, String);
 
+/// Where an object lives: the index of its resource and its (namespace, name).
+pub type ObjLoc = (usize, ObjKey);
+
 /// The store's state, held under one lock so read-check-write sequences are atomic.
 pub struct Inner {
     objects: Vec<BTreeMap<ObjKey, Arc<Value>>>,
@@ -82,6 +85,81 @@ pub struct Inner {
     compacted: u64,
     uids: HashMap<String, (usize, ObjKey)>,
     tombstones: std::collections::HashSet<String>,
+    /// What the garbage collector reads, kept up to date by every write so that a pass
+    /// costs what changed, not what is stored ([`crate::gc::pass`]).
+    gc: GcIndex,
+}
+
+/// The garbage collector's view of the store.
+#[derive(Default)]
+struct GcIndex {
+    /// Owner uid -> the objects whose ownerReferences name it.
+    dependents: HashMap<String, BTreeSet<ObjLoc>>,
+    /// Objects with a deletionTimestamp.
+    deleting: BTreeSet<ObjLoc>,
+    /// Objects with owner references the collector has to look at again: written since
+    /// it last did, or an owner they name was removed.
+    dirty: BTreeSet<ObjLoc>,
+}
+
+/// The uids an object's ownerReferences name (those given as strings).
+fn owner_uids(o: &Value) -> Vec<&str> {
+    o.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("uid").and_then(Value::as_str))
+        .collect()
+}
+
+fn has_owner_refs(o: &Value) -> bool {
+    o.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty())
+}
+
+fn uid_of(o: &Value) -> Option<&str> {
+    o.pointer("/metadata/uid").and_then(Value::as_str)
+}
+
+impl GcIndex {
+    fn add(&mut self, loc: &ObjLoc, o: &Value) {
+        if RESOURCES[loc.0].create_only {
+            return;
+        }
+        for uid in owner_uids(o) {
+            self.dependents
+                .entry(uid.to_string())
+                .or_default()
+                .insert(loc.clone());
+        }
+        if has_owner_refs(o) {
+            self.dirty.insert(loc.clone());
+        }
+        if o.pointer("/metadata/deletionTimestamp").is_some() {
+            self.deleting.insert(loc.clone());
+        }
+    }
+
+    fn drop(&mut self, loc: &ObjLoc, o: &Value) {
+        for uid in owner_uids(o) {
+            if let Some(set) = self.dependents.get_mut(uid) {
+                set.remove(loc);
+                if set.is_empty() {
+                    self.dependents.remove(uid);
+                }
+            }
+        }
+        self.deleting.remove(loc);
+        self.dirty.remove(loc);
+    }
+
+    /// The object with `uid` is gone: whatever names it as owner is looked at again.
+    fn owner_gone(&mut self, uid: &str) {
+        if let Some(set) = self.dependents.get(uid) {
+            self.dirty.extend(set.iter().cloned());
+        }
+    }
 }
 
 /// The shared store.
@@ -116,6 +194,7 @@ impl Store {
                 compacted: 0,
                 uids: HashMap::new(),
                 tombstones: Default::default(),
+                gc: GcIndex::default(),
             }),
             changed,
         }
@@ -197,6 +276,48 @@ impl Inner {
         self.objects[res].len()
     }
 
+    /// The objects with a deletionTimestamp, in (resource, namespace, name) order.
+    pub fn deleting(&self) -> Vec<(usize, Arc<Value>)> {
+        self.gc
+            .deleting
+            .iter()
+            .filter_map(|(r, (ns, name))| self.get(*r, ns, name).map(|o| (*r, o)))
+            .collect()
+    }
+
+    /// The objects whose ownerReferences name `uid`, in (resource, namespace, name) order.
+    pub fn dependents_of(&self, uid: &str) -> Vec<(usize, Arc<Value>)> {
+        self.gc
+            .dependents
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|(r, (ns, name))| self.get(*r, ns, name).map(|o| (*r, o)))
+            .collect()
+    }
+
+    /// Takes the first object the collector has to look at again that comes after
+    /// `after` in (resource, namespace, name) order (from the start without `after`).
+    pub fn take_gc_dirty(&mut self, after: Option<&ObjLoc>) -> Option<ObjLoc> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let next = match after {
+            None => self.gc.dirty.first().cloned(),
+            Some(a) => self
+                .gc
+                .dirty
+                .range((Excluded(a.clone()), Unbounded))
+                .next()
+                .cloned(),
+        }?;
+        self.gc.dirty.remove(&next);
+        Some(next)
+    }
+
+    /// Has the collector look at the object at `loc` again in its next pass.
+    pub fn mark_gc_dirty(&mut self, loc: ObjLoc) {
+        self.gc.dirty.insert(loc);
+    }
+
     /// Where an object with this uid lives, if it exists.
     pub fn by_uid(&self, uid: &str) -> Option<(usize, String, String)> {
         self.uids
@@ -234,8 +355,20 @@ impl Inner {
         let k = key(&ns, &name);
         let obj = Arc::new(obj);
         let prev = self.objects[res].insert(k.clone(), obj.clone());
-        if let Some(uid) = obj.pointer("/metadata/uid").and_then(Value::as_str) {
-            self.uids.insert(uid.to_string(), (res, k));
+        let loc = (res, k);
+        if let Some(p) = &prev {
+            self.gc.drop(&loc, p);
+            // An object replaced under the same name by one with another uid: the old
+            // one is gone for its dependents.
+            if let Some(old) = uid_of(p)
+                && uid_of(&obj) != Some(old)
+            {
+                self.gc.owner_gone(old);
+            }
+        }
+        self.gc.add(&loc, &obj);
+        if let Some(uid) = uid_of(&obj) {
+            self.uids.insert(uid.to_string(), loc);
         }
         let kind = if prev.is_some() {
             EventType::Modified
@@ -256,9 +389,11 @@ impl Inner {
     /// resourceVersion, as kube-apiserver's DELETED events do.
     pub fn remove(&mut self, res: usize, ns: &str, name: &str) -> Option<Arc<Value>> {
         let prev = self.objects[res].remove(&key(ns, name))?;
-        if let Some(uid) = prev.pointer("/metadata/uid").and_then(Value::as_str) {
+        self.gc.drop(&(res, key(ns, name)), &prev);
+        if let Some(uid) = uid_of(&prev) {
             self.uids.remove(uid);
             self.tombstones.insert(uid.to_string());
+            self.gc.owner_gone(uid);
         }
         self.rv += 1;
         let mut last = (*prev).clone();

@@ -55,9 +55,8 @@ fn child(kubeconfig: &str) -> anyhow::Result<()> {
         let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
         let client = Client::try_from(config)?;
         let mut provider = MemoryProvider::new("mem", Duration::from_secs(1));
-        // VNODE_BENCH_SECRETS=0: no connect credentials, so no connect Secrets. The API
-        // double's garbage collector scans every object on every write, which with one
-        // owned Secret per pod makes the double itself slow at 10,000 pods.
+        // VNODE_BENCH_SECRETS=0: no connect credentials, so no connect Secrets (one
+        // read and one write less per pod).
         if std::env::var("VNODE_BENCH_SECRETS").is_ok_and(|v| v == "0") {
             provider = provider.without_credentials();
         }

@@ -28,6 +28,14 @@ pub fn claim_name(pod: &Pod) -> Option<String> {
 
 /// [`claim_name`] from its parts.
 pub fn claim_for(namespace: &str, name: &str, uid: &str) -> String {
+    format!(
+        "{CLAIM_PREFIX}{}",
+        hex::encode(claim_hash(namespace, name, uid))
+    )
+}
+
+/// The 12 hash bytes a claim shows as 24 hex digits.
+pub(crate) fn claim_hash(namespace: &str, name: &str, uid: &str) -> [u8; 12] {
     let mut h = Sha256::new();
     // Separators that cannot appear in names keep ("a","b/c") and ("a/b","c") apart.
     h.update(namespace.as_bytes());
@@ -36,7 +44,9 @@ pub fn claim_for(namespace: &str, name: &str, uid: &str) -> String {
     h.update([0]);
     h.update(uid.as_bytes());
     let digest = h.finalize();
-    format!("{CLAIM_PREFIX}{}", &hex::encode(digest)[..24])
+    let mut out = [0u8; 12];
+    out.copy_from_slice(&digest[..12]);
+    out
 }
 
 /// Name of the Secret holding a pod's connect credential: `<pod>-connect`.
@@ -120,23 +130,39 @@ pub fn update_request(pod: &Pod) -> Option<UpdateRequest> {
     let claim = claim_name(pod)?;
     let spec = pod.spec.as_ref()?;
     let c = spec.containers.first()?;
-    let own = format!("{}/", common::keys::DOMAIN);
-    Some(UpdateRequest {
+    Some(update_request_of(
         claim,
-        labels: pod.metadata.labels.clone().unwrap_or_default(),
-        annotations: pod
-            .metadata
+        &pod.metadata,
+        c.image.as_deref(),
+        spec.active_deadline_seconds,
+        spec.tolerations.as_deref(),
+    ))
+}
+
+/// [`update_request`] from the parts it reads (the slim decode of a pod has them too).
+pub(crate) fn update_request_of(
+    claim: String,
+    meta: &ObjectMeta,
+    image: Option<&str>,
+    active_deadline_seconds: Option<i64>,
+    tolerations: Option<&[k8s_openapi::api::core::v1::Toleration]>,
+) -> UpdateRequest {
+    let own = format!("{}/", common::keys::DOMAIN);
+    UpdateRequest {
+        claim,
+        labels: meta.labels.clone().unwrap_or_default(),
+        annotations: meta
             .annotations
             .iter()
             .flatten()
             .filter(|(k, _)| !k.starts_with(&own))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
-        image: c.image.clone().unwrap_or_default(),
-        active_deadline_seconds: spec.active_deadline_seconds,
-        tolerations: spec
-            .tolerations
+        image: image.unwrap_or_default().to_string(),
+        active_deadline_seconds,
+        tolerations: tolerations
             .iter()
+            .copied()
             .flatten()
             .map(|t| {
                 let mut s = t.key.clone().unwrap_or_default();
@@ -156,7 +182,7 @@ pub fn update_request(pod: &Pod) -> Option<UpdateRequest> {
                 s
             })
             .collect(),
-    })
+    }
 }
 
 /// A short fingerprint of an [`UpdateRequest`] (16 hex digits of a SHA-256 over its JSON):

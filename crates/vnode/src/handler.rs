@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::claim::{claim_name, provision_request};
+use crate::compact::{ClaimKey, SmallStr};
 use crate::crash::{self, CrashHook, CrashPoint};
 use crate::metrics::Metrics;
 use crate::provider::{Instance, Provider, ProviderError, UpdateRequest};
@@ -15,7 +16,7 @@ use crate::provider::{Instance, Provider, ProviderError, UpdateRequest};
 #[derive(Clone, Debug)]
 struct Entry {
     /// The provider's instance id.
-    id: String,
+    id: SmallStr,
     /// The epoch it was recorded in.
     epoch: u64,
     /// Whether the pod's connect Secret is known to exist (or the provider issues none).
@@ -103,13 +104,15 @@ pub struct Handler {
     /// the same name never share an entry.
     /// Each entry carries the epoch it was recorded in, so the notify loop can tell an
     /// instance recorded after its list was taken from one that vanished.
-    tracked: Mutex<HashMap<String, Entry>>,
+    /// Claims are kept as their hash bytes and ids inline ([`ClaimKey`], [`SmallStr`]):
+    /// with thousands of pods every byte of an entry counts.
+    tracked: Mutex<HashMap<ClaimKey, Entry>>,
     epoch: std::sync::atomic::AtomicU64,
     /// Claims whose instance is being updated.
-    updating: Mutex<std::collections::HashSet<String>>,
+    updating: Mutex<std::collections::HashSet<ClaimKey>>,
     /// `namespace/name` -> claim of every pod this handler has looked up or created: the
     /// kubelet API only has the pod's name, and the claim needs its UID.
-    names: Mutex<HashMap<String, String>>,
+    names: Mutex<HashMap<SmallStr, ClaimKey>>,
     /// The provider's instances as listed once after start (the cold map), consumed as
     /// pods are re-adopted; `None` until a list succeeded.
     cold: tokio::sync::Mutex<Option<HashMap<String, Instance>>>,
@@ -161,7 +164,9 @@ impl Handler {
 
     /// The instance id tracked for `claim`, if any.
     pub fn tracked(&self, claim: &str) -> Option<String> {
-        lock(&self.tracked).get(claim).map(|e| e.id.clone())
+        lock(&self.tracked)
+            .get(&ClaimKey::new(claim))
+            .map(|e| e.id.to_string())
     }
 
     /// The current epoch: entries recorded from now on carry a larger one.
@@ -171,30 +176,49 @@ impl Handler {
 
     /// The instance id tracked for `claim` and the epoch it was recorded in.
     pub fn tracked_with_epoch(&self, claim: &str) -> Option<(String, u64)> {
+        self.tracked_key(&ClaimKey::new(claim))
+            .map(|(id, epoch)| (id.to_string(), epoch))
+    }
+
+    /// [`Handler::tracked_with_epoch`] by claim key, the id as kept (no allocation for a
+    /// short one).
+    pub(crate) fn tracked_key(&self, claim: &ClaimKey) -> Option<(SmallStr, u64)> {
         lock(&self.tracked)
             .get(claim)
             .map(|e| (e.id.clone(), e.epoch))
     }
 
-    fn record(&self, claim: String, id: String) {
+    fn record(&self, claim: &str, id: &str) {
         let epoch = self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let claim = ClaimKey::new(claim);
         let mut tracked = lock(&self.tracked);
         // The same instance recorded again (an update that kept its id) keeps what is
         // known of its Secret.
-        let secret = tracked.get(&claim).is_some_and(|e| e.id == id && e.secret);
-        tracked.insert(claim, Entry { id, epoch, secret });
+        let secret = tracked
+            .get(&claim)
+            .is_some_and(|e| e.id.as_str() == id && e.secret);
+        tracked.insert(
+            claim,
+            Entry {
+                id: SmallStr::new(id),
+                epoch,
+                secret,
+            },
+        );
     }
 
     /// Whether the connect Secret of `claim` is known to be written (or not needed).
     pub fn secret_written(&self, claim: &str) -> bool {
-        lock(&self.tracked).get(claim).is_some_and(|e| e.secret)
+        lock(&self.tracked)
+            .get(&ClaimKey::new(claim))
+            .is_some_and(|e| e.secret)
     }
 
     /// Notes that the connect Secret of `claim`'s instance `id` exists (or is not needed),
     /// so it is not looked at again while this manager runs.
     pub fn mark_secret_written(&self, claim: &str, id: &str) {
-        if let Some(e) = lock(&self.tracked).get_mut(claim)
-            && e.id == id
+        if let Some(e) = lock(&self.tracked).get_mut(&ClaimKey::new(claim))
+            && e.id.as_str() == id
         {
             e.secret = true;
         }
@@ -211,14 +235,15 @@ impl Handler {
         // While the provider works on it the instance may be briefly absent from its list
         // (a restart between two processes): the notify loop must not take that for a
         // vanished instance.
-        lock(&self.updating).insert(req.claim.clone());
+        let key = ClaimKey::new(&req.claim);
+        lock(&self.updating).insert(key.clone());
         let result = self.provider.update(instance_id, req).await;
         if let Ok(instance) = &result {
             // Recorded again even with the same id: the new epoch makes the notify loop
             // ignore lists taken while the update ran.
-            self.record(req.claim.clone(), instance.id.clone());
+            self.record(&req.claim, &instance.id);
         }
-        lock(&self.updating).remove(&req.claim);
+        lock(&self.updating).remove(&key);
         let instance = result.inspect_err(|e| {
             if !matches!(e, ProviderError::Unsupported(_)) {
                 Metrics::inc(&self.metrics.provider_errors);
@@ -230,6 +255,11 @@ impl Handler {
 
     /// Whether an update of `claim`'s instance is in flight.
     pub fn updating(&self, claim: &str) -> bool {
+        self.updating_key(&ClaimKey::new(claim))
+    }
+
+    /// [`Handler::updating`] by claim key.
+    pub(crate) fn updating_key(&self, claim: &ClaimKey) -> bool {
         lock(&self.updating).contains(claim)
     }
 
@@ -242,12 +272,12 @@ impl Handler {
     /// What this handler knows of the pod `namespace/name`, for the kubelet API.
     pub fn pod_instance(&self, namespace: &str, name: &str) -> PodInstance {
         let claim = lock(&self.names)
-            .get(&format!("{namespace}/{name}"))
+            .get(format!("{namespace}/{name}").as_str())
             .cloned();
         match claim {
             None => PodInstance::NotTracked,
-            Some(claim) => match self.tracked(&claim) {
-                Some(id) => PodInstance::Instance(id),
+            Some(claim) => match self.tracked_key(&claim) {
+                Some((id, _)) => PodInstance::Instance(id.to_string()),
                 None => PodInstance::NoInstance,
             },
         }
@@ -265,10 +295,13 @@ impl Handler {
     }
 
     fn remember_name(&self, pod: &Pod, claim: &str) {
-        lock(&self.names).insert(crate::claim::pod_key(pod), claim.to_string());
+        lock(&self.names).insert(
+            SmallStr::from(crate::claim::pod_key(pod)),
+            ClaimKey::new(claim),
+        );
     }
 
-    fn forget_name(&self, claim: &str) {
+    fn forget_name(&self, claim: &ClaimKey) {
         lock(&self.names).retain(|_, c| c != claim);
     }
 
@@ -296,7 +329,7 @@ impl Handler {
         let tracked = lock(&self.tracked);
         cold.as_ref().map(|m| {
             m.values()
-                .filter(|i| !tracked.contains_key(&i.claim))
+                .filter(|i| !tracked.contains_key(&ClaimKey::new(&i.claim)))
                 .cloned()
                 .collect()
         })
@@ -327,7 +360,7 @@ impl Handler {
         drop(cold);
         match hit {
             Some(instance) => {
-                self.record(claim.clone(), instance.id.clone());
+                self.record(&claim, &instance.id);
                 Metrics::inc(&self.metrics.readoptions);
                 Ok(Found {
                     claim,
@@ -354,7 +387,7 @@ impl Handler {
         let instance = self.provider.provision(&req).await.inspect_err(|_| {
             Metrics::inc(&self.metrics.provider_errors);
         })?;
-        self.record(req.claim.clone(), instance.id.clone());
+        self.record(&req.claim, &instance.id);
         Metrics::inc(&self.metrics.provisions);
         self.crash_at(CrashPoint::AfterProvision).await;
         Ok(instance)
@@ -389,8 +422,9 @@ impl Handler {
                 source,
             }
         })?;
-        lock(&self.tracked).remove(claim);
-        self.forget_name(claim);
+        let key = ClaimKey::new(claim);
+        lock(&self.tracked).remove(&key);
+        self.forget_name(&key);
         if let Some(m) = self.cold.lock().await.as_mut() {
             m.remove(claim);
         }
@@ -400,7 +434,8 @@ impl Handler {
 
     /// Stops tracking a claim without touching its instance.
     pub fn forget(&self, claim: &str) {
-        lock(&self.tracked).remove(claim);
-        self.forget_name(claim);
+        let key = ClaimKey::new(claim);
+        lock(&self.tracked).remove(&key);
+        self.forget_name(&key);
     }
 }

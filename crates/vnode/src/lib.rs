@@ -48,6 +48,7 @@
 )]
 mod blocklist;
 mod claim;
+mod compact;
 pub mod crash;
 mod election;
 mod events;

@@ -12,7 +12,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
@@ -20,12 +19,13 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::blocklist::Blocklist;
 use crate::claim::{claim_name, connect_secret, connect_secret_name, pod_key, update_request};
+use crate::compact::ClaimKey;
 use crate::crash::CrashPoint;
 use crate::events::EventType;
 use crate::handler::{DeleteError, Handler, LookupError};
 use crate::metrics::Metrics;
 use crate::provider::{Instance, InstanceState, ProviderError};
-use crate::slim::SlimPod;
+use crate::slim::{PodRecord, PodStore, SlimPod};
 use crate::status::{self, Observed};
 
 /// How long a refusing provider (or capacity type) is skipped by placement.
@@ -34,9 +34,10 @@ pub const DEFAULT_BLOCK_TTL: Duration = Duration::from_secs(300);
 /// its instance (`False` with reason `UpdateUnsupported` or `UpdateFailed` when the
 /// provider could not apply it).
 pub const SPEC_APPLIED_CONDITION: &str = "outpost.dhnt.io/SpecApplied";
-/// The stored (pruned) copy of a pod carries the fingerprint of its mutable fields under
-/// this key, computed before pruning drops labels and annotations. Never written to the API.
-const DESIRED_SPEC_KEY: &str = "outpost.dhnt.io/desired-spec";
+/// The stored copy of a pod carries the fingerprint of its mutable fields under this key
+/// (in the `Pod` built from it), computed while decoding, before the labels and
+/// annotations it covers are dropped. Never written to the API.
+pub(crate) const DESIRED_SPEC_KEY: &str = "outpost.dhnt.io/desired-spec";
 const WORKERS: usize = 32;
 const NOTIFY_CONCURRENCY: usize = 16;
 
@@ -84,7 +85,7 @@ enum SyncError {
 struct Ctx {
     client: Client,
     handler: Arc<Handler>,
-    store: Store<SlimPod>,
+    store: PodStore,
     queue: crate::queue::Queue,
     cfg: PodControllerConfig,
     metrics: Arc<Metrics>,
@@ -107,20 +108,18 @@ pub async fn run_pods(
     let poll = provider.capabilities().poll_interval;
     // Decoded as SlimPod: the fields the controller never reads are skipped while parsing.
     let api: Api<SlimPod> = Api::all(client.clone());
-    let (store, writer) = reflector::store();
     let watch = watcher::watcher(
         api,
         watcher::Config::default().fields(&format!("spec.nodeName={node}")),
     )
-    .default_backoff()
-    .modify(|p| p.prune(&OWN_ANNOTATIONS, DESIRED_SPEC_KEY));
+    .default_backoff();
     let events = cfg
         .events
         .then(|| crate::events::Publisher::new(client.clone(), "nebula-manager", &node));
     let ctx = Arc::new(Ctx {
         client,
         handler,
-        store,
+        store: PodStore::new(),
         queue: crate::queue::Queue::new(),
         cfg,
         metrics,
@@ -158,34 +157,44 @@ pub async fn run_pods(
         });
     }
     tasks.spawn(notify_loop(ctx.clone()));
-    let mut events = std::pin::pin!(reflector::reflector(writer, watch));
+    let mut events = std::pin::pin!(watch);
     loop {
         let ev = tokio::select! {
             _ = cancel.cancelled() => break,
             ev = events.next() => ev,
         };
+        // As kube's reflector does: the store changes first, then the key is queued.
         match ev {
-            Some(Ok(Event::Apply(pod) | Event::InitApply(pod))) => {
-                ctx.queue.add(&pod_key(&pod.to_pod()));
+            Some(Ok(Event::Apply(pod))) => {
+                let rec = Arc::new(PodRecord::new(pod));
+                ctx.store.apply(rec.clone());
+                ctx.queue.add(rec.key());
             }
+            Some(Ok(Event::InitApply(pod))) => {
+                let rec = Arc::new(PodRecord::new(pod));
+                ctx.store.list_item(rec.clone());
+                ctx.queue.add(rec.key());
+            }
+            Some(Ok(Event::Init)) => ctx.store.list_start(),
+            Some(Ok(Event::InitDone)) => ctx.store.list_done(),
             Some(Ok(Event::Delete(pod))) => {
-                let pod = pod.to_pod();
+                let rec = PodRecord::new(pod);
+                ctx.store.remove(rec.key());
                 // Gone from the API (our final delete, or a force delete): an instance
                 // still tracked for it must not outlive it.
                 let ctx = ctx.clone();
                 tasks.spawn(async move {
-                    if let Some(claim) = claim_name(&pod)
+                    if let Some(claim) = rec.claim().map(ClaimKey::to_string)
                         && let Some(id) = ctx.handler.tracked(&claim)
                         && let Err(e) = ctx
                             .handler
-                            .terminate_claim(&pod_key(&pod), &claim, &id)
+                            .terminate_claim(rec.key(), &claim, &id)
                             .await
                     {
                         warn!(error = %crate::chain(&e), "terminating the instance of a deleted pod failed; the orphan sweep retries");
                     }
                 });
             }
-            Some(Ok(Event::Init | Event::InitDone)) => {}
             Some(Err(e)) => warn!(node = %node, error = %e, "pod watch failed; retrying"),
             None => break,
         }
@@ -193,14 +202,6 @@ pub async fn run_pods(
     cancel.cancel();
     while tasks.join_next().await.is_some() {}
 }
-
-/// The annotations the stored copy of a pod keeps.
-const OWN_ANNOTATIONS: [&str; 4] = [
-    common::keys::INSTANCE_ID_ANNOTATION,
-    common::keys::ENDPOINT_ANNOTATION,
-    common::keys::CAPACITY_TYPE_ANNOTATION,
-    common::keys::APPLIED_SPEC_ANNOTATION,
-];
 
 fn pods_api(client: &Client, pod: &Pod) -> Api<Pod> {
     Api::namespaced(
@@ -219,10 +220,7 @@ fn is_conflict(e: &SyncError) -> bool {
 }
 
 async fn reconcile(ctx: &Ctx, key: &str) -> Result<(), SyncError> {
-    let Some((ns, name)) = key.split_once('/') else {
-        return Ok(());
-    };
-    let Some(pod) = ctx.store.get(&ObjectRef::new(name).within(ns)) else {
+    let Some(pod) = ctx.store.get(key) else {
         return Ok(());
     };
     let pod = pod.to_pod();
@@ -716,8 +714,9 @@ async fn notify_loop(ctx: Arc<Ctx>) {
             _ = ctx.cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if ctx.store.wait_until_ready().await.is_err() {
-            return;
+        tokio::select! {
+            _ = ctx.cancel.cancelled() => return,
+            _ = ctx.store.ready() => {}
         }
         // Entries recorded after this point may be missing from the list without having
         // vanished.
@@ -730,61 +729,61 @@ async fn notify_loop(ctx: Arc<Ctx>) {
                 continue;
             }
         };
-        let by_claim: HashMap<&str, &Instance> =
-            listed.iter().map(|i| (i.claim.as_str(), i)).collect();
-        let pods = ctx.store.state();
-        let mut live_claims = HashSet::new();
+        let by_claim: HashMap<ClaimKey, &Instance> = listed
+            .iter()
+            .map(|i| (ClaimKey::new(&i.claim), i))
+            .collect();
+        let pods = ctx.store.snapshot();
+        let mut live_claims: HashSet<&ClaimKey> = HashSet::with_capacity(pods.len());
         let mut phases = [0i64; 4];
-        // The stored (slim) pods, not Pods built from them: at a mass transition (every pod
-        // turning Running at once) this list holds every pod, and Pods are kilobytes each.
-        let mut writes: Vec<(Arc<SlimPod>, Option<&Instance>)> = Vec::new();
-        for slim in &pods {
-            let pod = &slim.to_pod();
-            let Some(claim) = claim_name(pod) else {
+        // The stored records, compared as they are (no `Pod` is built per pod per tick); at
+        // a mass transition (every pod turning Running at once) this list holds every pod.
+        let mut writes: Vec<(Arc<PodRecord>, Option<&Instance>)> = Vec::new();
+        for rec in &pods {
+            let Some(claim) = rec.claim() else {
                 continue;
             };
-            live_claims.insert(claim.clone());
-            match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+            live_claims.insert(claim);
+            match rec.phase() {
                 Some("Running") => phases[1] += 1,
                 Some("Succeeded") => phases[2] += 1,
                 Some("Failed") => phases[3] += 1,
                 _ => phases[0] += 1,
             }
-            if pod.metadata.deletion_timestamp.is_some() || status::is_terminal(pod) {
+            if rec.deleting() || rec.is_terminal() {
                 continue;
             }
-            let Some((id, recorded)) = ctx.handler.tracked_with_epoch(&claim) else {
-                ctx.queue.add(&pod_key(pod));
+            let Some((id, recorded)) = ctx.handler.tracked_key(claim) else {
+                ctx.queue.add(rec.key());
                 continue;
             };
-            match by_claim.get(claim.as_str()) {
+            match by_claim.get(claim) {
                 // An update in flight may be restarting the instance: its listed state is
                 // about to be stale.
-                _ if ctx.handler.updating(&claim) => {}
-                Some(instance) if instance.id == id => {
+                _ if ctx.handler.updating_key(claim) => {}
+                Some(instance) if instance.id == id.as_str() => {
                     // Only pods whose status would change are written (steady state: none).
-                    let observed = Observed::Instance(instance);
-                    if status::metadata_patch(pod, instance).is_some()
-                        || status::status_patch(pod, &observed, Timestamp::now()).is_some()
+                    if rec.metadata_stale(instance)
+                        || status::status_stale(rec, &Observed::Instance(instance))
                     {
-                        writes.push((slim.clone(), Some(*instance)));
+                        writes.push((rec.clone(), Some(*instance)));
                     }
                 }
                 _ if recorded > epoch => {}
                 _ => {
-                    warn!(node = %ctx.node, pod = %pod_key(pod), instance = %id, "instance vanished: marking the pod Failed");
-                    ctx.handler.forget(&claim);
-                    writes.push((slim.clone(), None));
+                    warn!(node = %ctx.node, pod = %rec.key(), instance = %id, "instance vanished: marking the pod Failed");
+                    ctx.handler.forget(&claim.to_string());
+                    writes.push((rec.clone(), None));
                 }
             }
         }
         // Writes of different pods go out concurrently; each pod's own writes stay ordered
         // (metadata, then status).
         futures::stream::iter(writes)
-            .for_each_concurrent(NOTIFY_CONCURRENCY, |(slim, instance)| {
+            .for_each_concurrent(NOTIFY_CONCURRENCY, |(rec, instance)| {
                 let ctx = &ctx;
                 async move {
-                    let pod = slim.to_pod();
+                    let pod = rec.to_pod();
                     let observed = match instance {
                         Some(i) => Observed::Instance(i),
                         None => Observed::Vanished,
@@ -805,7 +804,7 @@ async fn notify_loop(ctx: Arc<Ctx>) {
         }
         // Orphans: instances whose pod no longer exists (deleted while no manager ran).
         for instance in &listed {
-            if !live_claims.contains(&instance.claim) {
+            if !live_claims.contains(&ClaimKey::new(&instance.claim)) {
                 info!(node = %ctx.node, instance = %instance.id, claim = %instance.claim, "terminating an instance whose pod is gone");
                 if let Err(e) = ctx
                     .handler

@@ -12,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::provider::{Instance, InstanceState};
+use crate::slim::{CondStatus, PodRecord};
 
 /// The pod condition types this crate computes; any other condition on a pod (a readiness
 /// gate's, [`crate::pods::SPEC_APPLIED_CONDITION`]) is carried over as it is.
@@ -105,10 +106,79 @@ fn condition(type_: &str, ok: bool, now: &Time, old: Option<&PodStatus>) -> PodC
     }
 }
 
+/// What a status should say for an observation, apart from timestamps and what is carried
+/// over from the old status: the one source of [`desired_status`] and [`status_stale`].
+struct Want<'a> {
+    phase: &'static str,
+    reason: Option<&'static str>,
+    /// The pod's message, also the container state's.
+    message: Option<&'a str>,
+    pod_ip: Option<&'a str>,
+    /// The container is waiting, for this reason.
+    waiting: Option<&'static str>,
+    /// The container runs (and is ready).
+    running: bool,
+    /// The container ended with this exit code and reason.
+    exit: Option<(i32, &'static str)>,
+}
+
+const VANISHED_MESSAGE: &str = "the instance behind this pod no longer exists at the provider";
+
+fn want<'a>(observed: &Observed<'a>) -> Want<'a> {
+    let none = Want {
+        phase: "Failed",
+        reason: None,
+        message: None,
+        pod_ip: None,
+        waiting: None,
+        running: false,
+        exit: None,
+    };
+    match observed {
+        Observed::Instance(i) => match &i.state {
+            InstanceState::Pending => Want {
+                phase: "Pending",
+                waiting: Some("Provisioning"),
+                ..none
+            },
+            InstanceState::Running => Want {
+                phase: "Running",
+                pod_ip: i.ip.as_deref(),
+                running: true,
+                ..none
+            },
+            InstanceState::Exited { code } => Want {
+                phase: if *code == 0 { "Succeeded" } else { "Failed" },
+                exit: Some((*code, if *code == 0 { "Completed" } else { "Error" })),
+                ..none
+            },
+            InstanceState::Failed { reason } => Want {
+                reason: Some(REASON_PROVIDER_FAILED),
+                message: Some(reason),
+                exit: Some((137, REASON_PROVIDER_FAILED)),
+                ..none
+            },
+        },
+        Observed::Vanished => Want {
+            reason: Some(REASON_VANISHED),
+            message: Some(VANISHED_MESSAGE),
+            exit: Some((137, REASON_VANISHED)),
+            ..none
+        },
+        Observed::ProvisionFailed(why) => Want {
+            reason: Some(REASON_PROVISION_FAILED),
+            message: Some(why),
+            waiting: Some(REASON_PROVISION_FAILED),
+            ..none
+        },
+    }
+}
+
 /// The status the pod should have for what was observed.
 pub fn desired_status(pod: &Pod, observed: &Observed<'_>, now: Timestamp) -> PodStatus {
     let now = Time(now);
     let old = pod.status.as_ref();
+    let w = want(observed);
     let container = pod
         .spec
         .as_ref()
@@ -118,100 +188,57 @@ pub fn desired_status(pod: &Pod, observed: &Observed<'_>, now: Timestamp) -> Pod
     let start_time = old
         .and_then(|s| s.start_time.clone())
         .unwrap_or_else(|| now.clone());
-    let (phase, reason, message, state, running) = match observed {
-        Observed::Instance(i) => match &i.state {
-            InstanceState::Pending => (
-                "Pending",
-                None,
-                None,
-                ContainerState {
-                    waiting: Some(ContainerStateWaiting {
-                        reason: Some("Provisioning".into()),
-                        message: None,
-                    }),
-                    ..ContainerState::default()
-                },
-                false,
-            ),
-            InstanceState::Running => {
-                let started = old
-                    .and_then(|s| s.container_statuses.as_ref())
-                    .and_then(|cs| cs.first())
-                    .and_then(|c| c.state.as_ref())
-                    .and_then(|s| s.running.as_ref())
-                    .and_then(|r| r.started_at.clone())
-                    .or_else(|| {
-                        i.started_at
-                            .as_deref()
-                            .and_then(|s| s.parse::<Timestamp>().ok())
-                            .map(Time)
-                    })
-                    .unwrap_or_else(|| now.clone());
-                (
-                    "Running",
-                    None,
-                    None,
-                    ContainerState {
-                        running: Some(ContainerStateRunning {
-                            started_at: Some(started),
-                        }),
-                        ..ContainerState::default()
-                    },
-                    true,
-                )
-            }
-            InstanceState::Exited { code } => (
-                if *code == 0 { "Succeeded" } else { "Failed" },
-                None,
-                None,
-                terminated(
-                    *code,
-                    if *code == 0 { "Completed" } else { "Error" },
-                    None,
-                    &now,
-                    old,
-                ),
-                false,
-            ),
-            InstanceState::Failed { reason } => (
-                "Failed",
-                Some(REASON_PROVIDER_FAILED),
-                Some(reason.clone()),
-                terminated(137, REASON_PROVIDER_FAILED, Some(reason.clone()), &now, old),
-                false,
-            ),
-        },
-        Observed::Vanished => {
-            let msg = "the instance behind this pod no longer exists at the provider".to_string();
-            (
-                "Failed",
-                Some(REASON_VANISHED),
-                Some(msg.clone()),
-                terminated(137, REASON_VANISHED, Some(msg), &now, old),
-                false,
-            )
+    let old_state = old
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.first())
+        .and_then(|c| c.state.as_ref());
+    let message = w.message.map(str::to_string);
+    let state = if let Some(reason) = w.waiting {
+        ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some(reason.into()),
+                message: message.clone(),
+            }),
+            ..ContainerState::default()
         }
-        Observed::ProvisionFailed(why) => (
-            "Failed",
-            Some(REASON_PROVISION_FAILED),
-            Some(why.to_string()),
-            ContainerState {
-                waiting: Some(ContainerStateWaiting {
-                    reason: Some(REASON_PROVISION_FAILED.into()),
-                    message: Some(why.to_string()),
-                }),
-                ..ContainerState::default()
-            },
-            false,
-        ),
+    } else if w.running {
+        let listed = match observed {
+            Observed::Instance(i) => i.started_at.as_deref(),
+            _ => None,
+        };
+        let started = old_state
+            .and_then(|s| s.running.as_ref())
+            .and_then(|r| r.started_at.clone())
+            .or_else(|| listed.and_then(|s| s.parse::<Timestamp>().ok()).map(Time))
+            .unwrap_or_else(|| now.clone());
+        ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: Some(started),
+            }),
+            ..ContainerState::default()
+        }
+    } else {
+        let (code, reason) = w.exit.unwrap_or((137, REASON_VANISHED));
+        let finished = old_state
+            .and_then(|s| s.terminated.as_ref())
+            .and_then(|t| t.finished_at.clone())
+            .unwrap_or_else(|| now.clone());
+        ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                reason: Some(reason.to_string()),
+                message: message.clone(),
+                finished_at: Some(finished),
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        }
     };
-    let ip = match observed {
-        Observed::Instance(i) if running => i.ip.clone(),
-        _ => None,
-    };
+    let ip = w.pod_ip.map(str::to_string);
+    let running = w.running;
     PodStatus {
-        phase: Some(phase.to_string()),
-        reason: reason.map(str::to_string),
+        phase: Some(w.phase.to_string()),
+        reason: w.reason.map(str::to_string),
         message,
         pod_ip: ip.clone(),
         pod_ips: ip.map(|ip| vec![PodIP { ip }]),
@@ -248,30 +275,43 @@ pub fn desired_status(pod: &Pod, observed: &Observed<'_>, now: Timestamp) -> Pod
     }
 }
 
-fn terminated(
-    code: i32,
-    reason: &str,
-    message: Option<String>,
-    now: &Time,
-    old: Option<&PodStatus>,
-) -> ContainerState {
-    let finished = old
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.first())
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.terminated.as_ref())
-        .and_then(|t| t.finished_at.clone())
-        .unwrap_or_else(|| now.clone());
-    ContainerState {
-        terminated: Some(ContainerStateTerminated {
-            exit_code: code,
-            reason: Some(reason.to_string()),
-            message,
-            finished_at: Some(finished),
-            ..ContainerStateTerminated::default()
-        }),
-        ..ContainerState::default()
+/// Whether the stored pod's status differs from what `observed` says, ignoring
+/// timestamps: exactly when [`status_patch`] of the pod would be `Some`, decided on the
+/// stored form without building a `Pod`.
+pub(crate) fn status_stale(pod: &PodRecord, observed: &Observed<'_>) -> bool {
+    let w = want(observed);
+    let Some(have) = pod.status() else {
+        return true;
+    };
+    if have.phase.as_deref() != Some(w.phase)
+        || have.reason.as_deref() != w.reason
+        || have.message.as_deref() != w.message
+        || have.pod_ip.as_deref() != w.pod_ip
+        || have.start_time.is_none()
+    {
+        return true;
     }
+    // The signature maps condition type to status, the last one of a type winning; the
+    // other writers' conditions are carried over, so only this crate's can differ.
+    let mut last = [None; OWNED_CONDITIONS.len()];
+    for c in have.conditions.iter() {
+        last[usize::from(c.kind)] = Some(c.status);
+    }
+    let wanted = [true, true, w.running, w.running].map(|ok| Some(CondStatus::of(ok)));
+    if last != wanted {
+        return true;
+    }
+    let [c] = &*have.containers else {
+        return true;
+    };
+    c.name.as_str() != pod.container_name()
+        || c.ready != w.running
+        || c.waiting.as_ref().and_then(|r| r.as_deref()) != w.waiting
+        || c.running.is_some() != w.running
+        || c.terminated
+            .as_ref()
+            .map(|t| (t.exit_code, t.reason.as_deref()))
+            != w.exit.map(|(code, reason)| (code, Some(reason)))
 }
 
 /// The parts of a status this crate owns, without timestamps: equal signatures mean no

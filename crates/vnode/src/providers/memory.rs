@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
+use crate::compact::ClaimKey;
 use crate::crash::{CrashHook, CrashPoint};
 use crate::provider::{
     BlockScope, Capabilities, ConnectCredential, Instance, InstanceState, Provider, ProviderError,
@@ -57,15 +58,43 @@ pub struct Calls {
     pub credentials: AtomicU64,
 }
 
+/// The started time every instance reports once Running.
+const STARTED_AT: &str = "2026-01-01T00:00:00Z";
+
+/// One instance, kept small (benchmarks hold thousands): its id is `mem-<n>`, its
+/// endpoint derives from the id, it has no IP, and its token is 16 random bytes.
+#[derive(Clone, Debug)]
+struct Record {
+    n: u64,
+    state: InstanceState,
+    /// Reports [`STARTED_AT`].
+    started: bool,
+    token: [u8; 16],
+}
+
 #[derive(Default)]
 struct State {
     /// claim -> instance
-    instances: HashMap<String, Instance>,
-    /// claim -> connect token
-    tokens: HashMap<String, String>,
+    instances: HashMap<ClaimKey, Record>,
     /// Every update applied, in order: (instance id, request).
     updates: Vec<(String, UpdateRequest)>,
     next_id: u64,
+}
+
+impl State {
+    /// The claim and record of the instance `id`.
+    fn find(&self, id: &str) -> Option<(&ClaimKey, &Record)> {
+        let n = id_number(id)?;
+        self.instances.iter().find(|(_, r)| r.n == n)
+    }
+}
+
+/// `n` of an id `mem-<n>` as this provider writes it (no sign, no leading zero), so
+/// comparing numbers is comparing ids.
+fn id_number(id: &str) -> Option<u64> {
+    let digits = id.strip_prefix("mem-")?;
+    let n: u64 = digits.parse().ok()?;
+    (n.to_string() == digits).then_some(n)
 }
 
 /// The in-memory provider. Clones share state, so a test can keep one handle to inspect
@@ -133,7 +162,24 @@ impl MemoryProvider {
 
     /// A snapshot of the instances, live and finished.
     pub fn instances(&self) -> Vec<Instance> {
-        lock(&self.state).instances.values().cloned().collect()
+        lock(&self.state)
+            .instances
+            .iter()
+            .map(|(c, r)| self.instance(c, r))
+            .collect()
+    }
+
+    /// The instance a record stands for.
+    fn instance(&self, claim: &ClaimKey, r: &Record) -> Instance {
+        let id = format!("mem-{}", r.n);
+        Instance {
+            endpoint: Some(format!("{id}.{}.invalid:22", self.name)),
+            id,
+            claim: claim.to_string(),
+            state: r.state.clone(),
+            ip: None,
+            started_at: r.started.then(|| STARTED_AT.to_string()),
+        }
     }
 
     /// Every update applied so far, in order, as (instance id, request).
@@ -143,18 +189,24 @@ impl MemoryProvider {
 
     /// The connect token of the instance of `claim`, if it exists.
     pub fn token(&self, claim: &str) -> Option<String> {
-        lock(&self.state).tokens.get(claim).cloned()
+        lock(&self.state)
+            .instances
+            .get(&ClaimKey::new(claim))
+            .map(|r| hex::encode(r.token))
     }
 
     /// Makes an instance vanish behind the manager's back (a VM deleted in the console).
     pub fn vanish(&self, claim: &str) -> bool {
-        lock(&self.state).instances.remove(claim).is_some()
+        lock(&self.state)
+            .instances
+            .remove(&ClaimKey::new(claim))
+            .is_some()
     }
 
     /// Sets an instance's state (for example an exit).
     pub fn set_state(&self, claim: &str, state: InstanceState) {
-        if let Some(i) = lock(&self.state).instances.get_mut(claim) {
-            i.state = state;
+        if let Some(r) = lock(&self.state).instances.get_mut(&ClaimKey::new(claim)) {
+            r.state = state;
         }
     }
 
@@ -214,21 +266,21 @@ impl Provider for MemoryProvider {
             }
             let instance = {
                 let mut st = lock(&self.state);
-                if let Some(existing) = st.instances.get(&req.claim) {
-                    return Ok(existing.clone());
+                let claim = ClaimKey::new(&req.claim);
+                if let Some(existing) = st.instances.get(&claim) {
+                    return Ok(self.instance(&claim, existing));
                 }
                 st.next_id += 1;
-                let id = format!("mem-{}", st.next_id);
-                let instance = Instance {
-                    endpoint: Some(format!("{id}.{}.invalid:22", self.name)),
-                    id,
-                    claim: req.claim.clone(),
+                let mut token = [0u8; 16];
+                rand::RngCore::fill_bytes(&mut rand::rng(), &mut token);
+                let record = Record {
+                    n: st.next_id,
                     state: InstanceState::Pending,
-                    ip: None,
-                    started_at: None,
+                    started: false,
+                    token,
                 };
-                st.instances.insert(req.claim.clone(), instance.clone());
-                st.tokens.insert(req.claim.clone(), crate::random_token());
+                let instance = self.instance(&claim, &record);
+                st.instances.insert(claim, record);
                 instance
             };
             self.calls.created.fetch_add(1, Ordering::Relaxed);
@@ -243,14 +295,9 @@ impl Provider for MemoryProvider {
         async move {
             self.delay().await?;
             let mut st = lock(&self.state);
-            let claim = st
-                .instances
-                .iter()
-                .find(|(_, i)| i.id == instance_id)
-                .map(|(c, _)| c.clone());
+            let claim = st.find(instance_id).map(|(c, _)| c.clone());
             if let Some(claim) = claim {
                 st.instances.remove(&claim);
-                st.tokens.remove(&claim);
                 self.calls.terminated.fetch_add(1, Ordering::Relaxed);
             }
             Ok(())
@@ -266,13 +313,13 @@ impl Provider for MemoryProvider {
             let mut st = lock(&self.state);
             Ok(st
                 .instances
-                .values_mut()
-                .map(|i| {
-                    if running && i.state == InstanceState::Pending {
-                        i.state = InstanceState::Running;
-                        i.started_at = Some("2026-01-01T00:00:00Z".into());
+                .iter_mut()
+                .map(|(c, r)| {
+                    if running && r.state == InstanceState::Pending {
+                        r.state = InstanceState::Running;
+                        r.started = true;
                     }
-                    i.clone()
+                    self.instance(c, r)
                 })
                 .collect())
         }
@@ -285,11 +332,8 @@ impl Provider for MemoryProvider {
     ) -> BoxFuture<'a, Result<Option<Instance>, ProviderError>> {
         async move {
             self.delay().await?;
-            Ok(lock(&self.state)
-                .instances
-                .values()
-                .find(|i| i.id == instance_id)
-                .cloned())
+            let st = lock(&self.state);
+            Ok(st.find(instance_id).map(|(c, r)| self.instance(c, r)))
         }
         .boxed()
     }
@@ -318,10 +362,8 @@ impl Provider for MemoryProvider {
             }
             let mut st = lock(&self.state);
             let instance = st
-                .instances
-                .values()
-                .find(|i| i.id == instance_id)
-                .cloned()
+                .find(instance_id)
+                .map(|(c, r)| self.instance(c, r))
                 .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
             st.updates.push((instance_id.to_string(), req.clone()));
             Ok(instance)
@@ -341,14 +383,14 @@ impl Provider for MemoryProvider {
             }
             let st = lock(&self.state);
             let instance = st
-                .instances
-                .values()
-                .find(|i| i.id == instance_id)
-                .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()))?;
-            let token = st.tokens.get(&instance.claim).cloned().unwrap_or_default();
+                .find(instance_id)
+                .map(|(c, r)| (self.instance(c, r), hex::encode(r.token)))
+                .ok_or_else(|| ProviderError::NotFound(instance_id.to_string()));
+            drop(st);
+            let (instance, token) = instance?;
             Ok(Some(
                 ConnectCredential::new()
-                    .with("endpoint", instance.endpoint.clone().unwrap_or_default())
+                    .with("endpoint", instance.endpoint.unwrap_or_default())
                     .with("token", token),
             ))
         }
