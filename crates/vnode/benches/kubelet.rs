@@ -52,12 +52,35 @@ async fn loopback_copy(bytes: usize) -> Duration {
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
+/// The command exec'd for the throughput rounds: `dd` writing 1 MiB blocks of zeros
+/// (`KUBELET_BENCH_PRODUCER=head` for `head -c`, which writes 8 KiB at a time and is then
+/// itself the bottleneck: its pipe alone runs at about half the loopback copy).
+fn producer(bytes: usize) -> Vec<String> {
+    if std::env::var("KUBELET_BENCH_PRODUCER").as_deref() == Ok("head") {
+        return vec![
+            "head".into(),
+            "-c".into(),
+            bytes.to_string(),
+            "/dev/zero".into(),
+        ];
+    }
+    vec![
+        "dd".into(),
+        "if=/dev/zero".into(),
+        "bs=1M".into(),
+        format!("count={bytes}"),
+        "iflag=count_bytes".into(),
+        "status=none".into(),
+    ]
+}
+
 /// The exec'd command alone: `head -c bytes /dev/zero` spawned here, its stdout pipe read
 /// in 128 KiB reads: what the exec path carries before any session work.
 async fn pipe_only(bytes: usize) -> Duration {
     let start = Instant::now();
-    let mut child = tokio::process::Command::new("head")
-        .args(["-c", &bytes.to_string(), "/dev/zero"])
+    let producer = producer(bytes);
+    let mut child = tokio::process::Command::new(&producer[0])
+        .args(&producer[1..])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -220,7 +243,9 @@ async fn main() {
         let exec_once = async {
             let cpu = cpu_seconds();
             let start = Instant::now();
-            let (got, status) = exec(&tls, port, &["head", "-c", &n, "/dev/zero"]).await;
+            let argv = producer(bytes);
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            let (got, status) = exec(&tls, port, &argv).await;
             let through = start.elapsed();
             assert_eq!(
                 got, bytes,
