@@ -233,7 +233,6 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .filter(|r| *r > 0)
         .unwrap_or(5);
-    let n = bytes.to_string();
     let mib = bytes as f64 / (1 << 20) as f64;
     let mut ratios = Vec::with_capacity(rounds);
     let mut cpu_ratios = Vec::with_capacity(rounds);
