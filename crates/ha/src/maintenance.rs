@@ -151,10 +151,7 @@ fn acquire(
             return Err(io("lock", &path)(std::io::Error::from(errno)));
         }
     };
-    let mut held = HeldLock {
-        file: locked,
-        path,
-    };
+    let mut held = HeldLock { file: locked, path };
     held.write_holder(command)?;
     Ok(held)
 }
@@ -267,7 +264,10 @@ mod tests {
         let holder = err.holder().unwrap().to_string();
         assert!(holder.starts_with("`stratum-server up` (pid"), "{holder}");
         let on_disk = std::fs::read_to_string(lock.path()).unwrap();
-        assert_eq!(on_disk, holder, "the whole file is the new holder, nothing of the old");
+        assert_eq!(
+            on_disk, holder,
+            "the whole file is the new holder, nothing of the old"
+        );
         drop(lock);
         assert!(EtcdDataLock::acquire(dir.path(), "snapshot restore").is_ok());
     }
