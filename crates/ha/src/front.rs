@@ -405,7 +405,33 @@ pub fn spawn_for_node(
         record(Some(&status), |s| s.started = true);
         run_front(&front, &sup, &l, &stop, Some(&status)).await;
         sup.stop().await;
+        wait_released(l.listen).await;
     })
+}
+
+/// After HAProxy's master exited: its worker, no child of ours, may still hold the listening
+/// socket for a moment. Waits (up to 5 s) until nothing accepts on `listen`, so a stopped
+/// node has stopped serving when this returns; warns if something still does.
+async fn wait_released(listen: SocketAddr) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let open = matches!(
+            tokio::time::timeout(
+                Duration::from_millis(200),
+                tokio::net::TcpStream::connect(listen)
+            )
+            .await,
+            Ok(Ok(_))
+        );
+        if !open {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            warn!(%listen, "the front's listen address still accepts connections 5 s after HAProxy stopped");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The kube-vip static pod manifest (YAML) for `spec`: the typed Pod serialized (its
