@@ -1120,3 +1120,6 @@ mod tests {
         assert!(should_remove_after_update(&released));
     }
 }
+
+#[cfg(test)]
+mod apiserver_rules;
