@@ -552,6 +552,25 @@ mod tests {
     }
 
     #[test]
+    fn primitive_lists_merge_as_a_union_and_start_when_missing() {
+        // `mergeSlice` of scalars: the original's values, then the patch's new ones.
+        let t = json!({"kind": "Pod", "metadata": {"finalizers": ["a", "b"]}});
+        let out = smp(t, json!({"metadata": {"finalizers": ["b", "c"]}})).unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["a", "b", "c"]));
+        // A list the object does not have yet is the patch's.
+        let bare = json!({"kind": "Pod", "metadata": {"name": "p"}});
+        let out = smp(bare, json!({"metadata": {"finalizers": ["x"]}})).unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["x"]));
+        // So is one stored as null (`mergeMap`: a value of another type is replaced).
+        let null = json!({"kind": "Pod", "metadata": {"name": "p", "finalizers": null}});
+        let out = smp(null, json!({"metadata": {"finalizers": ["x"]}})).unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["x"]));
+        let node = json!({"kind": "Node", "metadata": {"name": "n"}, "spec": {}});
+        let out = smp(node, json!({"spec": {"podCIDRs": ["10.0.0.0/24"]}})).unwrap();
+        assert_eq!(out["spec"]["podCIDRs"], json!(["10.0.0.0/24"]));
+    }
+
+    #[test]
     fn delete_from_primitive_list_removes_only_the_named_values() {
         let t = json!({"kind": "Pod", "metadata": {"finalizers": ["a", "b", "c"]}});
         let p = br#"{"metadata": {"$deleteFromPrimitiveList/finalizers": ["b"]}}"#;

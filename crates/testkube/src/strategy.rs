@@ -1128,3 +1128,6 @@ mod tests {
         assert!(should_remove_after_update(&released));
     }
 }
+
+#[cfg(test)]
+mod apiserver_rules;
