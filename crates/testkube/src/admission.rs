@@ -662,6 +662,56 @@ mod tests {
         }
     }
 
+    /// The strategy dispatches to this module for these two kinds, and only for them.
+    #[test]
+    fn the_strategy_validates_and_defaults_policies_and_bindings_only() {
+        use crate::resources::find;
+        use crate::strategy;
+        let policies = find(GROUP, "v1", POLICIES).unwrap();
+        let bindings = find(GROUP, "v1", BINDINGS).unwrap();
+        let leases = find("coordination.k8s.io", "v1", "leases").unwrap();
+        let empty = json!({"metadata": {"name": "x"}, "spec": {}});
+        let fields = |res, obj: &Value| -> Vec<String> {
+            strategy::validate(res, obj)
+                .into_iter()
+                .map(|c| c.field)
+                .collect()
+        };
+        assert!(fields(policies, &empty).contains(&"spec.validations".to_string()));
+        assert!(fields(bindings, &empty).contains(&"spec.policyName".to_string()));
+        assert!(
+            fields(leases, &empty).is_empty(),
+            "a Lease is not judged as a policy"
+        );
+
+        let spec = json!({"metadata": {"name": "x"},
+            "spec": {"matchConstraints": {"resourceRules": [{"resources": ["leases"]}]}}});
+        let mut created = spec.clone();
+        strategy::prepare_create(policies, &mut created);
+        assert_eq!(created["spec"]["failurePolicy"], "Fail");
+        assert_eq!(
+            created["spec"]["matchConstraints"]["matchPolicy"],
+            "Equivalent"
+        );
+        assert_eq!(
+            created["spec"]["matchConstraints"]["resourceRules"][0]["scope"],
+            "*"
+        );
+        let mut updated = spec.clone();
+        strategy::prepare_update(policies, &mut updated, &created);
+        assert_eq!(updated["spec"]["failurePolicy"], "Fail");
+        // Other kinds get no policy defaults.
+        let mut lease = spec.clone();
+        strategy::prepare_create(leases, &mut lease);
+        assert!(lease["spec"].get("failurePolicy").is_none(), "{lease}");
+        let mut lease_update = spec;
+        strategy::prepare_update(leases, &mut lease_update, &lease);
+        assert!(
+            lease_update["spec"].get("failurePolicy").is_none(),
+            "{lease_update}"
+        );
+    }
+
     fn rule(ops: &[&str], resources: &[&str], names: &[&str]) -> Value {
         json!({"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"], "operations": ops,
                "resources": resources, "resourceNames": names})
