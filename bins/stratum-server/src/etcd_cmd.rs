@@ -34,15 +34,9 @@ pub struct AccessArgs {
     /// --data-dir records).
     #[arg(long, value_delimiter = ',', env = "STRATUM_ETCD_ENDPOINTS")]
     pub endpoints: Vec<String>,
-    /// The etcd CA certificate (default with --data-dir: <pki>/etcd/ca.crt).
-    #[arg(long, requires_all = ["cert", "key"])]
-    pub cacert: Option<PathBuf>,
-    /// A client certificate the etcd CA issued.
-    #[arg(long, requires_all = ["cacert", "key"])]
-    pub cert: Option<PathBuf>,
-    /// Its key.
-    #[arg(long, requires_all = ["cacert", "cert"])]
-    pub key: Option<PathBuf>,
+    /// Client TLS (default with --data-dir: the node's PKI).
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// A control-plane node's data directory: its node state names the endpoints and PKI.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -51,11 +45,7 @@ pub struct AccessArgs {
 impl AccessArgs {
     /// The etcd options and endpoints to use (`ha::etcd::access_from`).
     pub fn access(&self) -> Result<(EtcdOptions, Vec<String>), etcd::AccessError> {
-        let tls = match (&self.cacert, &self.cert, &self.key) {
-            (Some(ca), Some(cert), Some(key)) => Some(EtcdTls::from_paths(ca, cert, key)),
-            _ => None,
-        };
-        etcd::access_from(&self.endpoints, tls, self.data_dir.as_deref())
+        etcd::access_from(&self.endpoints, self.tls.tls(), self.data_dir.as_deref())
     }
 }
 
@@ -100,6 +90,26 @@ pub struct Args {
         env = "STRATUM_ETCD_ENDPOINTS"
     )]
     pub endpoints: Vec<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+impl Args {
+    fn options(&self) -> EtcdOptions {
+        EtcdOptions::with_tls(self.tls.tls())
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        clean_endpoints(&self.endpoints)
+    }
+}
+
+/// The etcd client TLS flags every etcd-facing command takes: all three or none.
+#[derive(Debug, Default, clap::Args)]
+pub struct TlsArgs {
     /// The etcd CA certificate (e.g. /etc/kubernetes/pki/etcd/ca.crt).
     #[arg(long, requires_all = ["cert", "key"])]
     pub cacert: Option<PathBuf>,
@@ -109,27 +119,25 @@ pub struct Args {
     /// Its key.
     #[arg(long, requires_all = ["cacert", "cert"])]
     pub key: Option<PathBuf>,
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
-    pub output: Output,
 }
 
-impl Args {
-    fn options(&self) -> EtcdOptions {
-        let tls = match (&self.cacert, &self.cert, &self.key) {
+impl TlsArgs {
+    /// The TLS files, when all three were given.
+    pub fn tls(&self) -> Option<EtcdTls> {
+        match (&self.cacert, &self.cert, &self.key) {
             (Some(ca), Some(cert), Some(key)) => Some(EtcdTls::from_paths(ca, cert, key)),
             _ => None,
-        };
-        EtcdOptions::with_tls(tls)
+        }
     }
+}
 
-    fn endpoints(&self) -> Vec<String> {
-        self.endpoints
-            .iter()
-            .map(|e| e.trim().to_string())
-            .filter(|e| !e.is_empty())
-            .collect()
-    }
+/// `--endpoints` without blanks (a trailing comma, spaces around the commas).
+pub fn clean_endpoints(endpoints: &[String]) -> Vec<String> {
+    endpoints
+        .iter()
+        .map(|e| e.trim().to_string())
+        .filter(|e| !e.is_empty())
+        .collect()
 }
 
 pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
@@ -259,9 +267,7 @@ mod tests {
     fn args(endpoints: &[&str]) -> Args {
         Args {
             endpoints: endpoints.iter().map(|s| s.to_string()).collect(),
-            cacert: None,
-            cert: None,
-            key: None,
+            tls: TlsArgs::default(),
             output: Output::Json,
         }
     }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ha::etcd::{EtcdOptions, EtcdTls};
+use ha::etcd::EtcdOptions;
 use ha::snapshot::{self, RestoreOptions};
 
 /// `stratum-server snapshot` subcommands.
@@ -31,15 +31,8 @@ pub struct SaveArgs {
         env = "STRATUM_ETCD_ENDPOINTS"
     )]
     pub endpoints: Vec<String>,
-    /// The etcd CA certificate (e.g. /etc/kubernetes/pki/etcd/ca.crt).
-    #[arg(long, requires_all = ["cert", "key"])]
-    pub cacert: Option<PathBuf>,
-    /// A client certificate the etcd CA issued (e.g. .../apiserver-etcd-client.crt).
-    #[arg(long, requires_all = ["cacert", "key"])]
-    pub cert: Option<PathBuf>,
-    /// Its key.
-    #[arg(long, requires_all = ["cacert", "cert"])]
-    pub key: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: crate::etcd_cmd::TlsArgs,
     /// The snapshot file to write.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
@@ -67,19 +60,10 @@ pub async fn run(cmd: Command) -> anyhow::Result<ExitCode> {
 }
 
 async fn save(args: SaveArgs) -> anyhow::Result<ExitCode> {
-    let tls = match (&args.cacert, &args.cert, &args.key) {
-        (Some(ca), Some(cert), Some(key)) => Some(EtcdTls::from_paths(ca, cert, key)),
-        _ => None,
-    };
-    let endpoints: Vec<String> = args
-        .endpoints
-        .iter()
-        .map(|e| e.trim().to_string())
-        .filter(|e| !e.is_empty())
-        .collect();
+    let endpoints = crate::etcd_cmd::clean_endpoints(&args.endpoints);
     let mut reported = 0u64;
     let saved = snapshot::save_snapshot(
-        &EtcdOptions::with_tls(tls),
+        &EtcdOptions::with_tls(args.tls.tls()),
         &endpoints,
         &args.file,
         |endpoint, bytes| {

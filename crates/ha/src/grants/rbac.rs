@@ -182,7 +182,7 @@ pub async fn grant_certs_reader(client: &kube::Client) -> Result<(), GrantError>
     if written || role_change(role.as_ref()) != Change::Nothing {
         super::fence_policy::wait_for_enforcement(client).await?;
     }
-    ensure_role(client).await?;
+    ensure_role(client, role).await?;
     ensure_binding(client, true).await
 }
 
@@ -191,24 +191,29 @@ pub async fn grant_certs_reader(client: &kube::Client) -> Result<(), GrantError>
 /// that grant the first time any token is minted, not only at the next upload.
 pub async fn narrow_certs_reader_binding(client: &kube::Client) -> Result<(), GrantError> {
     let roles: Api<Role> = Api::namespaced(client.clone(), NAMESPACE);
-    if roles
+    let role = roles
         .get_opt(READER_NAME)
         .await
-        .map_err(api_error("read", "Role"))?
-        .is_some()
-    {
-        ensure_role(client).await?;
+        .map_err(api_error("read", "Role"))?;
+    if role.is_some() {
+        ensure_role(client, role).await?;
     }
     ensure_binding(client, false).await
 }
 
-async fn ensure_role(client: &kube::Client) -> Result<(), GrantError> {
+/// Makes the Role the wanted one. `read` is the caller's fresh read of it, used for the
+/// first attempt; a conflict reads again.
+async fn ensure_role(client: &kube::Client, read: Option<Role>) -> Result<(), GrantError> {
     let api: Api<Role> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut first = Some(read);
     for _ in 0..MAX_ATTEMPTS {
-        let observed = api
-            .get_opt(READER_NAME)
-            .await
-            .map_err(api_error("read", "Role"))?;
+        let observed = match first.take() {
+            Some(read) => read,
+            None => api
+                .get_opt(READER_NAME)
+                .await
+                .map_err(api_error("read", "Role"))?,
+        };
         let result = match role_change(observed.as_ref()) {
             Change::Nothing => return Ok(()),
             Change::Create(role) => api.create(&PostParams::default(), &role).await.map(drop),
