@@ -425,28 +425,9 @@ impl EtcdCluster {
     }
 
     fn spawn(&mut self, slot: &Slot, initial_cluster: &str, state: &str) -> anyhow::Result<usize> {
-        let data = self.dir.path().join(format!("{}.etcd", slot.name));
         let log = self.dir.path().join(format!("{}.log", slot.name));
-        let log_file = std::fs::File::create(&log)?;
-        let mut cmd = Command::new(&self.binary);
-        cmd.args(["--name", &slot.name])
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--listen-client-urls", &slot.client_url()])
-            .args(["--advertise-client-urls", &slot.client_url()])
-            .args(["--listen-peer-urls", &slot.peer_url()])
-            .args(["--initial-advertise-peer-urls", &slot.peer_url()])
-            .args(["--initial-cluster", initial_cluster])
-            .args(["--initial-cluster-state", state])
-            .args(["--initial-cluster-token", "stratum-harness"])
-            .args(["--logger", "zap", "--log-outputs", "stderr"])
-            .args(self.member_tls(slot)?)
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("spawn {} for member {}", self.binary.display(), slot.name))?;
+        let cmd = self.command(slot, initial_cluster, state, &self.binary)?;
+        let child = self.run(cmd, slot, &log, &self.binary, &[])?;
         self.members.push(Member {
             slot: slot.clone(),
             child: Some(child),

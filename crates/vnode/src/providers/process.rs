@@ -419,17 +419,9 @@ impl ProcessProvider {
         let Some((dir, rec)) = self.lookup(id) else {
             return Ok(());
         };
-        if alive(rec.pid, rec.start_time) {
-            let group = Pid::from_raw(rec.pid);
-            let _ = killpg(group, Signal::SIGTERM);
-            let deadline = tokio::time::Instant::now() + TERM_GRACE;
-            while alive(rec.pid, rec.start_time) && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            // Leave no group member behind (the leader, or a child that ignored SIGTERM).
-            // Only for a group verified ours: a stale record's PID may be someone else's.
-            let _ = killpg(group, Signal::SIGKILL);
-        }
+        // Leaves no group member behind; only a group verified ours is signalled (a stale
+        // record's PID may be someone else's).
+        stop_group(&rec).await;
         self.index
             .lock()
             .unwrap_or_else(|p| p.into_inner())
