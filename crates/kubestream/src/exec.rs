@@ -51,8 +51,13 @@ pub const WS_EXEC_PROTOCOLS: &[&str] = &[
 /// Size of the stdin pipe between the session and the process.
 const PIPE: usize = 256 * 1024;
 /// The most output read for one frame or message: large, because every message costs a
-/// frame, a flush and a TLS record write however small it is.
-const CHUNK: usize = 128 * 1024;
+/// frame, a flush and TLS record writes however small it is. A session's read buffer
+/// starts at [`FIRST_CHUNK`] and grows towards this while the reader keeps filling it (a
+/// process writing faster than the client takes its output, into a pipe larger than the
+/// default 64 KiB), so an idle or chatty session holds little.
+const CHUNK: usize = 1024 * 1024;
+/// Room for output in a session's read buffer at first.
+const FIRST_CHUNK: usize = 64 * 1024;
 /// Room kept in front of each chunk of output for the header of the frame that carries
 /// it: a WebSocket header (at most 10 bytes) and the channel byte, or a SPDY data frame
 /// header (8 bytes).
@@ -229,7 +234,17 @@ async fn next_opt(source: &mut Option<Source>, buf: &mut [u8]) -> Option<Chunk> 
 
 /// A reusable buffer for reads of output: [`HEADROOM`], then room for a chunk.
 fn read_buf() -> Vec<u8> {
-    vec![0; HEADROOM + CHUNK]
+    vec![0; HEADROOM + FIRST_CHUNK]
+}
+
+/// After a read of `n` bytes into `buf`: one that filled it came from a producer faster
+/// than the session, so the buffer doubles (up to [`CHUNK`]) and the next frames carry
+/// more for the same per-frame cost.
+fn grow_after_read(buf: &mut Vec<u8>, n: usize) {
+    let room = buf.len() - HEADROOM;
+    if n == room && room < CHUNK {
+        buf.resize(HEADROOM + (room * 2).min(CHUNK), 0);
+    }
 }
 
 /// Writes `frame` (a whole frame) straight to the connection, bypassing the framing
@@ -543,12 +558,18 @@ where
         tokio::select! {
             o = &mut process, if outcome.is_none() => outcome = Some(o),
             c = next_opt(&mut stdout_r, &mut buf_out) => match c {
-                Some(Chunk::Read(n)) => send_data!(out_id, &mut buf_out[..HEADROOM + n]),
+                Some(Chunk::Read(n)) => {
+                    send_data!(out_id, &mut buf_out[..HEADROOM + n]);
+                    grow_after_read(&mut buf_out, n);
+                }
                 Some(Chunk::Written(mut chunk)) => send_data!(out_id, &mut chunk),
                 None => stdout_r = None,
             },
             c = next_opt(&mut stderr_r, &mut buf_err) => match c {
-                Some(Chunk::Read(n)) => send_data!(err_id, &mut buf_err[..HEADROOM + n]),
+                Some(Chunk::Read(n)) => {
+                    send_data!(err_id, &mut buf_err[..HEADROOM + n]);
+                    grow_after_read(&mut buf_err, n);
+                }
                 Some(Chunk::Written(mut chunk)) => send_data!(err_id, &mut chunk),
                 None => stderr_r = None,
             },
@@ -684,12 +705,18 @@ where
         tokio::select! {
             o = &mut process, if outcome.is_none() => outcome = Some(o),
             c = next_opt(&mut stdout_r, &mut buf_out) => match c {
-                Some(Chunk::Read(n)) => send_output!(CH_STDOUT, &mut buf_out[..HEADROOM + n]),
+                Some(Chunk::Read(n)) => {
+                    send_output!(CH_STDOUT, &mut buf_out[..HEADROOM + n]);
+                    grow_after_read(&mut buf_out, n);
+                }
                 Some(Chunk::Written(mut chunk)) => send_output!(CH_STDOUT, &mut chunk),
                 None => stdout_r = None,
             },
             c = next_opt(&mut stderr_r, &mut buf_err) => match c {
-                Some(Chunk::Read(n)) => send_output!(CH_STDERR, &mut buf_err[..HEADROOM + n]),
+                Some(Chunk::Read(n)) => {
+                    send_output!(CH_STDERR, &mut buf_err[..HEADROOM + n]);
+                    grow_after_read(&mut buf_err, n);
+                }
                 Some(Chunk::Written(mut chunk)) => send_output!(CH_STDERR, &mut chunk),
                 None => stderr_r = None,
             },
@@ -791,6 +818,27 @@ mod tests {
         }
         session.await.unwrap().unwrap();
         (out, err, status)
+    }
+
+    #[test]
+    fn a_read_buffer_grows_only_when_filled_and_never_past_a_chunk() {
+        let mut buf = read_buf();
+        assert_eq!(buf.len(), HEADROOM + FIRST_CHUNK);
+        // A read that left room: the producer is not ahead, nothing changes.
+        grow_after_read(&mut buf, FIRST_CHUNK - 1);
+        assert_eq!(buf.len(), HEADROOM + FIRST_CHUNK);
+        // Full reads double it, up to CHUNK and no further.
+        let mut sizes = Vec::new();
+        for _ in 0..8 {
+            let room = buf.len() - HEADROOM;
+            grow_after_read(&mut buf, room);
+            sizes.push(buf.len() - HEADROOM);
+        }
+        assert_eq!(
+            sizes,
+            [128, 256, 512, 1024, 1024, 1024, 1024, 1024].map(|k| k * 1024)
+        );
+        assert_eq!(CHUNK, 1024 * 1024);
     }
 
     #[tokio::test]

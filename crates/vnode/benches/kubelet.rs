@@ -1,11 +1,11 @@
 //! `cargo bench -p vnode --bench kubelet`: exec stdout throughput through the kubelet API
-//! (TLS, WebSocket `v5.channel.k8s.io`, the process provider running `head -c N
-//! /dev/zero`) against a raw loopback TCP copy of the same bytes in the same run, and 100
+//! (TLS, WebSocket `v5.channel.k8s.io`, the process provider running `dd` writing N zero
+//! bytes in 1 MiB blocks) against a raw loopback TCP copy of the same bytes in the same run, and 100
 //! concurrent exec sessions. Goal: throughput >= 0.5x the loopback copy. For scale, each
 //! round also times the command alone (its stdout pipe read here, no session).
 //!
 //! `KUBELET_BENCH_BYTES` changes the payload (default 256 MiB), `KUBELET_BENCH_ROUNDS` the
-//! number of interleaved exec / loopback rounds whose median ratio is reported (default 5).
+//! number of interleaved exec / loopback rounds whose median ratio is reported (default 9).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,8 +74,9 @@ fn producer(bytes: usize) -> Vec<String> {
     ]
 }
 
-/// The exec'd command alone: `head -c bytes /dev/zero` spawned here, its stdout pipe read
-/// in 128 KiB reads: what the exec path carries before any session work.
+/// The exec'd command alone, spawned here, its stdout pipe widened to 1 MiB as the process
+/// provider widens an exec's and read in 1 MiB reads: what the exec path carries before
+/// any session work.
 async fn pipe_only(bytes: usize) -> Duration {
     let start = Instant::now();
     let producer = producer(bytes);
@@ -85,7 +86,8 @@ async fn pipe_only(bytes: usize) -> Duration {
         .spawn()
         .unwrap();
     let mut out = child.stdout.take().unwrap();
-    let mut buf = vec![0u8; 128 * 1024];
+    let _ = nix::fcntl::fcntl(&out, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
+    let mut buf = vec![0u8; 1 << 20];
     let mut got = 0;
     loop {
         let n = out.read(&mut buf).await.unwrap();
@@ -95,7 +97,7 @@ async fn pipe_only(bytes: usize) -> Duration {
         got += n;
     }
     assert!(child.wait().await.unwrap().success());
-    assert_eq!(got, bytes, "head wrote {got} of {bytes} bytes");
+    assert_eq!(got, bytes, "the command wrote {got} of {bytes} bytes");
     start.elapsed()
 }
 
@@ -232,7 +234,7 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|r| *r > 0)
-        .unwrap_or(5);
+        .unwrap_or(9);
     let mib = bytes as f64 / (1 << 20) as f64;
     let mut ratios = Vec::with_capacity(rounds);
     let mut cpu_ratios = Vec::with_capacity(rounds);

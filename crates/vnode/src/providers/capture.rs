@@ -149,8 +149,17 @@ pub(crate) fn open_for_process(path: &Path) -> std::io::Result<std::fs::File> {
         .write(true)
         .open(path)?;
     // Best effort: the default 64 KiB still works, it only holds less while no manager runs.
-    let _ = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+    widen_pipe(&file);
     Ok(file)
+}
+
+/// Asks for a [`PIPE_SIZE`] buffer on a pipe, best effort: a process writing large blocks
+/// (`cat`, `dd`, `tar`) then fills it in one write, and its reader takes it in one read,
+/// instead of a wake-up on each side every 64 KiB. Where the system refuses (an
+/// unprivileged user past `fs/pipe-user-pages-soft`, or above `fs/pipe-max-size`), the
+/// pipe keeps its default size and works the same, only with more wake-ups.
+pub(crate) fn widen_pipe(pipe: &impl std::os::fd::AsFd) {
+    let _ = nix::fcntl::fcntl(pipe, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
 }
 
 fn now_nanos() -> u64 {
@@ -305,6 +314,18 @@ pub(crate) fn rfc3339_nanos(nanos: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_widened_pipe_takes_a_mebibyte_in_one_write() {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+        widen_pipe(&read);
+        let size = nix::fcntl::fcntl(&read, nix::fcntl::FcntlArg::F_GETPIPE_SZ).unwrap();
+        assert_eq!(size, PIPE_SIZE, "the pipe was not widened");
+        // What it is for: a writer's large block goes in at once, not 64 KiB of it.
+        let block = vec![7u8; PIPE_SIZE as usize];
+        assert_eq!(nix::unistd::write(&write, &block).unwrap(), block.len());
+        drop(read);
+    }
 
     #[test]
     fn a_line_takes_the_time_of_the_chunk_holding_its_first_byte() {

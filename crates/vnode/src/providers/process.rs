@@ -870,9 +870,11 @@ impl Executor for ProcessProvider {
             }
             // The pipes are handed over whole: a kubelet API session reads them itself.
             if let (Some(to), Some(from)) = (io.stdout, child.stdout.take()) {
+                capture::widen_pipe(&from);
                 pumps.push(tokio::spawn(to.pump_from(from)));
             }
             if let (Some(to), Some(from)) = (io.stderr, child.stderr.take()) {
+                capture::widen_pipe(&from);
                 pumps.push(tokio::spawn(to.pump_from(from)));
             }
             let status = child

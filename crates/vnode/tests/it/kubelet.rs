@@ -91,6 +91,66 @@ async fn get(
     Ok(out)
 }
 
+/// The suite the server settles on with a client offering `suites` (in its order).
+async fn negotiated_suite(
+    server: &KubeletServer,
+    port: u16,
+    suites: &[rustls::CipherSuite],
+) -> rustls::CipherSuite {
+    let mut client_provider = rustls::crypto::ring::default_provider();
+    client_provider
+        .cipher_suites
+        .retain(|s| suites.contains(&s.suite()));
+    client_provider
+        .cipher_suites
+        .sort_by_key(|s| suites.iter().position(|x| *x == s.suite()));
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut server.cert_pem().as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(client_provider))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.get_ref().1.negotiated_cipher_suite().unwrap().suite()
+}
+
+#[tokio::test]
+async fn the_server_prefers_aes_128_gcm_whatever_the_client_lists_first() {
+    use rustls::CipherSuite as S;
+    let (server, port, cancel) =
+        start(KubeletServer::new("127.0.0.1", "127.0.0.1:0", None).unwrap()).await;
+    // rustls's own client lists AES-256 first; the server chooses by its own order, as a
+    // Go server on AES hardware does: the cheaper suite for exec and log streams.
+    let aes256_first = [
+        S::TLS13_AES_256_GCM_SHA384,
+        S::TLS13_CHACHA20_POLY1305_SHA256,
+        S::TLS13_AES_128_GCM_SHA256,
+    ];
+    assert_eq!(
+        negotiated_suite(&server, port, &aes256_first).await,
+        S::TLS13_AES_128_GCM_SHA256
+    );
+    // A client without it still gets what it offers.
+    assert_eq!(
+        negotiated_suite(&server, port, &[S::TLS13_AES_256_GCM_SHA384]).await,
+        S::TLS13_AES_256_GCM_SHA384
+    );
+    assert_eq!(
+        negotiated_suite(&server, port, &[S::TLS13_CHACHA20_POLY1305_SHA256]).await,
+        S::TLS13_CHACHA20_POLY1305_SHA256
+    );
+    cancel.cancel();
+}
+
 #[tokio::test]
 async fn with_a_client_ca_a_caller_without_a_certificate_is_refused() {
     let dir = tempfile::tempdir().unwrap();
