@@ -8,6 +8,8 @@
 //! - [`token`]: the bootstrap-token format, one type for every crate that parses tokens.
 //! - [`fsutil`]: the one atomic file writer (unique temporary, `O_NOFOLLOW`, mode set at
 //!   creation, fsync of the file and its directory).
+//! - [`lockfile`]: the lock file that names its holder (`flock`, `O_NOFOLLOW`), behind
+//!   the node command lock and the control plane's maintenance and etcd data locks.
 //! - [`errors`]: the error-chain formatter for errors whose `Display` leaves the source out.
 
 #![cfg_attr(
@@ -17,6 +19,7 @@
 pub mod errors;
 pub mod fsutil;
 pub mod keys;
+pub mod lockfile;
 pub mod token;
 
 pub use errors::error_chain;

@@ -11,19 +11,17 @@
 //! | [`NodeLock`] (maintenance) | `<state-dir>/maintenance.lock` | every command that stops or rewrites the local control plane: `snapshot restore`, `rejoin`, `certs rekey`, `repoint`, and `up`/`join` while they prepare the node (PKI, kubeconfigs, node state) |
 //! | [`EtcdDataLock`] | `<state-dir>/etcd.lock` | whoever runs or rewrites the local etcd member: `up`/`join` for as long as they supervise it, `snapshot restore` and `rejoin` for their whole run |
 //!
-//! A maintenance command takes the maintenance lock first, then the data lock. The lock is
-//! the `flock`, not the file: a holder that dies (even by SIGKILL) releases it with its last
-//! descriptor, so a stale file never blocks anything. `flock` locks belong to the open file
-//! description, so two acquisitions in one process conflict exactly as two processes do.
+//! A maintenance command takes the maintenance lock first, then the data lock. Both are
+//! [`common::lockfile::HolderLock`]s: the lock is the `flock`, not the file, so a holder
+//! that dies (even by SIGKILL) releases it, and two acquisitions in one process conflict
+//! exactly as two processes do.
 
-use std::fs::File;
-use std::io::{Read as _, Seek as _, Write as _};
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use common::fsutil::FsError;
+use common::lockfile::{HolderLock, LockFileError};
 
 /// The maintenance lock's file name in the state dir.
 pub const MAINTENANCE_LOCK_FILE: &str = "maintenance.lock";
@@ -88,11 +86,14 @@ impl MaintenanceError {
     }
 }
 
-/// A held lock file; the lock goes with the descriptor.
-#[derive(Debug)]
-struct HeldLock {
-    file: Flock<File>,
-    path: PathBuf,
+impl From<FsError> for MaintenanceError {
+    fn from(e: FsError) -> MaintenanceError {
+        MaintenanceError::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        }
+    }
 }
 
 /// The text a holder writes into its lock file (pure).
@@ -103,79 +104,42 @@ pub fn holder_text(command: &str, pid: u32, started: SystemTime) -> String {
     )
 }
 
+/// This process, as running `command`, in a lock file.
+fn me(command: &str) -> String {
+    holder_text(command, std::process::id(), SystemTime::now())
+}
+
 fn acquire(
     state_dir: &Path,
     file_name: &str,
     kind: LockKind,
     command: &str,
-) -> Result<HeldLock, MaintenanceError> {
-    let io = |op: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| MaintenanceError::Io { op, path, source }
-    };
+) -> Result<HolderLock, MaintenanceError> {
     if !state_dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(state_dir)
-            .map_err(io("create the state directory", state_dir))?;
-    }
-    let path = state_dir.join(file_name);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        // Never lock, or write the holder into, whatever a link planted at the name points to.
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(io("open the lock file", &path))?;
-    let locked = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(locked) => locked,
-        Err((mut file, Errno::EWOULDBLOCK)) => {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            let holder = holder.trim();
-            return Err(MaintenanceError::Held {
-                kind,
-                holder: if holder.is_empty() {
-                    "a process that has not written its name yet".into()
-                } else {
-                    holder.chars().take(300).collect()
-                },
-                lock: path,
-            });
-        }
-        Err((_, errno)) => {
-            return Err(io("lock", &path)(std::io::Error::from(errno)));
-        }
-    };
-    let mut held = HeldLock { file: locked, path };
-    held.write_holder(command)?;
-    Ok(held)
-}
-
-impl HeldLock {
-    /// Writes this process, as running `command`, into the lock file.
-    fn write_holder(&mut self, command: &str) -> Result<(), MaintenanceError> {
-        let me = holder_text(command, std::process::id(), SystemTime::now());
-        let file = &mut self.file;
-        file.set_len(0)
-            .and_then(|()| file.rewind())
-            .and_then(|()| file.write_all(me.as_bytes()))
-            .and_then(|()| file.sync_data())
             .map_err(|source| MaintenanceError::Io {
-                op: "write the holder into",
-                path: self.path.clone(),
+                op: "create the state directory",
+                path: state_dir.to_path_buf(),
                 source,
-            })
+            })?;
+    }
+    match HolderLock::try_acquire(&state_dir.join(file_name), &me(command)) {
+        Ok(lock) => Ok(lock),
+        Err(LockFileError::Held { path, holder }) => Err(MaintenanceError::Held {
+            kind,
+            lock: path,
+            holder,
+        }),
+        Err(LockFileError::Fs(e)) => Err(e.into()),
     }
 }
 
 /// The node maintenance lock, held until dropped (or the process dies).
 #[derive(Debug)]
-pub struct NodeLock(HeldLock);
+pub struct NodeLock(HolderLock);
 
 impl NodeLock {
     /// Takes the maintenance lock of the node whose state dir is `state_dir` for `command`
@@ -194,13 +158,13 @@ impl NodeLock {
 
     /// The lock file.
     pub fn path(&self) -> &Path {
-        &self.0.path
+        self.0.path()
     }
 }
 
 /// The etcd data lock, held until dropped (or the process dies).
 #[derive(Debug)]
-pub struct EtcdDataLock(HeldLock);
+pub struct EtcdDataLock(HolderLock);
 
 impl EtcdDataLock {
     /// Takes the etcd data lock of the node whose state dir is `state_dir` for `command`,
@@ -212,13 +176,13 @@ impl EtcdDataLock {
 
     /// The lock file.
     pub fn path(&self) -> &Path {
-        &self.0.path
+        self.0.path()
     }
 
     /// Names `command` as the holder from now on, keeping the lock: a rejoin hands its
     /// lock to the node it starts, so nothing can take it in between.
     pub fn hand_over(&mut self, command: &str) -> Result<(), MaintenanceError> {
-        self.0.write_holder(command)
+        Ok(self.0.write_holder(&me(command))?)
     }
 }
 

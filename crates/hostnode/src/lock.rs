@@ -1,13 +1,9 @@
 //! One `node` command at a time: an exclusive `flock` on a lock file below the host root,
 //! holding the holder's pid and command so a second command can say who is in the way.
 
-use std::fs::File;
-use std::io::{Read, Seek, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::FlockOperation;
-use rustix::io::Errno;
+use common::lockfile::{HolderLock, LockFileError};
 
 use crate::HostRoot;
 use crate::fsutil::{FsError, fs_err};
@@ -37,10 +33,7 @@ pub enum LockError {
 
 /// The held lock; released when dropped (or when the process dies).
 #[derive(Debug)]
-pub struct NodeLock {
-    _file: File,
-    path: PathBuf,
-}
+pub struct NodeLock(HolderLock);
 
 impl NodeLock {
     /// Takes the node lock below `root` for `command` (for example `node upgrade`),
@@ -49,46 +42,17 @@ impl NodeLock {
         let path = root.resolve(NODE_LOCK);
         let dir = path.parent().unwrap_or(Path::new("/"));
         std::fs::create_dir_all(dir).map_err(fs_err("create directory", dir))?;
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            // Never lock (or write the holder into) something planted at the name.
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(fs_err("open lock file", &path))?;
-        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(Errno::WOULDBLOCK) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let holder = holder.trim();
-                return Err(LockError::Busy {
-                    holder: if holder.is_empty() {
-                        "a holder that has not written its name yet".into()
-                    } else {
-                        holder.chars().take(200).collect()
-                    },
-                    path,
-                });
-            }
-            Err(e) => {
-                return Err(fs_err("lock", &path)(std::io::Error::from(e)).into());
-            }
-        }
         let me = format!("pid {}: outpost-agent {command}", std::process::id());
-        file.set_len(0)
-            .and_then(|()| file.rewind())
-            .and_then(|()| file.write_all(me.as_bytes()))
-            .map_err(fs_err("write lock holder", &path))?;
-        Ok(NodeLock { _file: file, path })
+        match HolderLock::try_acquire(&path, &me) {
+            Ok(lock) => Ok(NodeLock(lock)),
+            Err(LockFileError::Held { path, holder }) => Err(LockError::Busy { path, holder }),
+            Err(LockFileError::Fs(e)) => Err(e.into()),
+        }
     }
 
     /// The lock file.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.0.path()
     }
 }
 
