@@ -851,6 +851,52 @@ mod tests {
         assert_eq!(s["details"]["causes"][0]["message"], "3");
     }
 
+    /// A SPDY client on `io` that has opened `streams` (id, stream type), as kubectl does.
+    async fn spdy_client(
+        io: tokio::io::DuplexStream,
+        streams: &[(u32, &str)],
+    ) -> Framed<tokio::io::DuplexStream, Codec> {
+        let mut conn = Framed::new(io, Codec::new());
+        for &(id, kind) in streams {
+            conn.send(Frame::SynStream {
+                stream_id: id,
+                associated_to: 0,
+                priority: 0,
+                flags: 0,
+                headers: vec![("streamtype".into(), kind.into())],
+            })
+            .await
+            .unwrap();
+        }
+        conn
+    }
+
+    /// Everything the server sends until its GOAWAY: the data per stream, and the streams
+    /// it ended (FIN) in the order it ended them.
+    async fn spdy_collect(
+        conn: &mut Framed<tokio::io::DuplexStream, Codec>,
+    ) -> (HashMap<u32, Vec<u8>>, Vec<u32>) {
+        let mut by_stream: HashMap<u32, Vec<u8>> = HashMap::new();
+        let mut ended = Vec::new();
+        while let Some(Ok(frame)) = conn.next().await {
+            match frame {
+                Frame::Data {
+                    stream_id,
+                    flags,
+                    data,
+                } => {
+                    by_stream.entry(stream_id).or_default().extend(&data[..]);
+                    if flags & FLAG_FIN != 0 {
+                        ended.push(stream_id);
+                    }
+                }
+                Frame::GoAway { .. } => break,
+                _ => {}
+            }
+        }
+        (by_stream, ended)
+    }
+
     #[tokio::test]
     async fn spdy_v4_carries_streams_and_the_exit_code() {
         let (server, client) = tokio::io::duplex(PIPE);
@@ -866,18 +912,11 @@ mod tests {
             )
             .await
         });
-        let mut conn = Framed::new(client, Codec::new());
-        for (id, kind) in [(1, "error"), (3, "stdin"), (5, "stdout"), (7, "stderr")] {
-            conn.send(Frame::SynStream {
-                stream_id: id,
-                associated_to: 0,
-                priority: 0,
-                flags: 0,
-                headers: vec![("streamtype".into(), kind.into())],
-            })
-            .await
-            .unwrap();
-        }
+        let mut conn = spdy_client(
+            client,
+            &[(1, "error"), (3, "stdin"), (5, "stdout"), (7, "stderr")],
+        )
+        .await;
         conn.send(Frame::Data {
             stream_id: 3,
             flags: FLAG_FIN,
@@ -885,17 +924,10 @@ mod tests {
         })
         .await
         .unwrap();
-        let mut by_stream: HashMap<u32, Vec<u8>> = HashMap::new();
-        while let Some(Ok(frame)) = conn.next().await {
-            match frame {
-                Frame::Data {
-                    stream_id, data, ..
-                } => by_stream.entry(stream_id).or_default().extend(&data[..]),
-                Frame::GoAway { .. } => break,
-                _ => {}
-            }
-        }
+        let (by_stream, mut ended) = spdy_collect(&mut conn).await;
         session.await.unwrap().unwrap();
+        ended.sort_unstable();
+        assert_eq!(ended, [1, 5, 7], "every stream the server writes ends with FIN");
         assert_eq!(by_stream[&5], b"HI");
         assert_eq!(by_stream[&7], b"E");
         let s: serde_json::Value = serde_json::from_slice(&by_stream[&1]).unwrap();
@@ -983,36 +1015,8 @@ mod tests {
             )
             .await
         });
-        let mut conn = Framed::new(client, Codec::new());
-        for (id, kind) in [(1, "error"), (3, "stdout"), (5, "stderr")] {
-            conn.send(Frame::SynStream {
-                stream_id: id,
-                associated_to: 0,
-                priority: 0,
-                flags: 0,
-                headers: vec![("streamtype".into(), kind.into())],
-            })
-            .await
-            .unwrap();
-        }
-        let mut by_stream: HashMap<u32, Vec<u8>> = HashMap::new();
-        let mut ended = Vec::new();
-        while let Some(Ok(frame)) = conn.next().await {
-            match frame {
-                Frame::Data {
-                    stream_id,
-                    flags,
-                    data,
-                } => {
-                    by_stream.entry(stream_id).or_default().extend(&data[..]);
-                    if flags & FLAG_FIN != 0 {
-                        ended.push(stream_id);
-                    }
-                }
-                Frame::GoAway { .. } => break,
-                _ => {}
-            }
-        }
+        let mut conn = spdy_client(client, &[(1, "error"), (3, "stdout"), (5, "stderr")]).await;
+        let (by_stream, mut ended) = spdy_collect(&mut conn).await;
         session.await.unwrap().unwrap();
         let mut want = b"w:".to_vec();
         want.extend(pattern(300_000, 0));
