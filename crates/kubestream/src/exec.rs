@@ -58,6 +58,9 @@ const PIPE: usize = 256 * 1024;
 const CHUNK: usize = 1024 * 1024;
 /// Room for output in a session's read buffer at first.
 const FIRST_CHUNK: usize = 64 * 1024;
+/// The most of one write to an [`Output`] taken as one chunk (a longer write is taken in
+/// parts): with [`QUEUED`] chunks waiting, what a session may hold for a fast writer.
+const WRITE_CHUNK: usize = 128 * 1024;
 /// Room kept in front of each chunk of output for the header of the frame that carries
 /// it: a WebSocket header (at most 10 bytes) and the channel byte, or a SPDY data frame
 /// header (8 bytes).
@@ -170,7 +173,7 @@ impl AsyncWrite for Output {
         if ready!(this.tx.poll_reserve(cx)).is_err() {
             return Poll::Ready(Err(session_gone()));
         }
-        let n = buf.len().min(CHUNK);
+        let n = buf.len().min(WRITE_CHUNK);
         let mut chunk = Vec::with_capacity(HEADROOM + n);
         chunk.resize(HEADROOM, 0);
         chunk.extend_from_slice(&buf[..n]);
