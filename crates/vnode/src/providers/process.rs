@@ -9,7 +9,7 @@
 //! Layout of `--state-dir`, one directory per claim:
 //!
 //! ```text
-//! <state-dir>/<claim>/instance.json   pid, start time, pod (written after the spawn)
+//! <state-dir>/<claim>/instance.json   pid, start time, pod, restarts (written after the spawn)
 //! <state-dir>/<claim>/output.log      stdout and stderr, in the order captured
 //! <state-dir>/<claim>/output.idx      capture time of each chunk of output.log
 //! <state-dir>/<claim>/stdout.fifo     the process's stdout (also stderr.fifo, stdin.fifo)
@@ -34,10 +34,12 @@
 //! treats an image change the way the kubelet treats one: the process group is stopped
 //! (SIGTERM, then SIGKILL after the grace period) and started again with the same command,
 //! args, env and working directory, appending to the same `output.log`; the instance gets
-//! a new id (pid and start time). Command and args cannot change on a pod, so nothing
-//! else restarts it. Labels, annotations, `activeDeadlineSeconds` and tolerations are
-//! recorded in `spec.json` and change nothing in the running process (the deadline is not
-//! enforced by this provider).
+//! a new id (pid and start time), and the restart is counted in `instance.json` (the
+//! container's `restartCount`, which a restarted manager reads back). Command and args
+//! cannot change on a pod, so nothing else restarts it. Labels, annotations,
+//! `activeDeadlineSeconds` and tolerations are recorded in `spec.json` and change nothing
+//! in the running process (the pod controller enforces the deadline: it terminates the
+//! instance when the deadline passes).
 //!
 //! A restarted manager finds its instances again from these files, and resumes draining
 //! their FIFOs. A PID alone is not an
@@ -100,6 +102,10 @@ struct Record {
     /// The pod's UID.
     #[serde(default)]
     pod_uid: String,
+    /// How many times the process group was restarted in place (image changes): the
+    /// container's `restartCount`. Kept here so it survives a manager restart.
+    #[serde(default)]
+    restarts: i32,
 }
 
 impl Record {
@@ -234,6 +240,7 @@ impl ProcessProvider {
             endpoint: Some("127.0.0.1".into()),
             ip: Some("127.0.0.1".into()),
             started_at: None,
+            restart_count: rec.restarts,
         }
     }
 
@@ -274,7 +281,13 @@ impl ProcessProvider {
             .insert(rec.id(), rec.claim.clone());
     }
 
-    async fn provision_inner(&self, req: &ProvisionRequest) -> Result<Instance, ProviderError> {
+    /// Provisions `req`'s claim; a process started now is recorded with `restarts` (0 for
+    /// a first start, the previous count plus one for a restart in place).
+    async fn provision_inner(
+        &self,
+        req: &ProvisionRequest,
+        restarts: i32,
+    ) -> Result<Instance, ProviderError> {
         let _one_at_a_time = self.provisioning.lock().await;
         let dir = self.claim_dir(&req.claim)?;
         if let Some(rec) = Self::read_record(&dir) {
@@ -309,6 +322,7 @@ impl ProcessProvider {
                 tty: req.tty,
                 container: req.container.clone(),
                 pod_uid: req.pod_uid.clone(),
+                restarts,
             };
             Self::write_record(&dir, &rec)?;
             self.remember(&rec);
@@ -408,6 +422,7 @@ impl ProcessProvider {
             tty: req.tty,
             container: req.container.clone(),
             pod_uid: req.pod_uid.clone(),
+            restarts,
         };
         Self::write_record(&dir, &rec)?;
         self.remember(&rec);
@@ -466,6 +481,7 @@ impl ProcessProvider {
                     tty: false,
                     container: String::new(),
                     pod_uid: String::new(),
+                    restarts: 0,
                 };
                 // Only if still unrecorded: a provision finishing meanwhile writes the
                 // full record (with the pod's environment), which this must not replace.
@@ -591,7 +607,7 @@ impl Provider for ProcessProvider {
         &'a self,
         req: &'a ProvisionRequest,
     ) -> BoxFuture<'a, Result<Instance, ProviderError>> {
-        self.provision_inner(req).boxed()
+        self.provision_inner(req, 0).boxed()
     }
 
     fn terminate<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
@@ -1467,7 +1483,10 @@ impl ProcessProvider {
                     container: rec.container.clone(),
                     pod_uid: rec.pod_uid.clone(),
                 };
-                instance = self.provision_inner(&again).await?;
+                // The restart is counted as the kubelet counts a container restart.
+                instance = self
+                    .provision_inner(&again, rec.restarts.saturating_add(1))
+                    .await?;
             }
             Some(_) => {}
             // Started before launch records existed: the command is unknown, so an image
