@@ -16,7 +16,7 @@
 //! <state-dir>/<claim>/exit            exit code, written by the process's shell wrapper
 //! <state-dir>/<claim>/root/           working directory base (workingDir resolves here)
 //! <state-dir>/<claim>/connect-token    the pod's connect token (0600)
-//! <state-dir>/<claim>/launch.json      what was started: command, args, env, image
+//! <state-dir>/<claim>/launch.json      what was started: command, args, env, image, restarts
 //! <state-dir>/<claim>/spec.json        the pod's mutable fields last applied (updates)
 //! ```
 //!
@@ -330,7 +330,7 @@ impl ProcessProvider {
             return Ok(self.instance_of(&dir, &rec));
         }
         let token = ensure_token(&dir)?;
-        write_launch(&dir, req)?;
+        write_launch(&dir, req, restarts)?;
         let stdin = req.stdin || req.tty;
         capture::make_fifos(&dir, stdin).map_err(|e| {
             failed(
@@ -481,7 +481,8 @@ impl ProcessProvider {
                     tty: false,
                     container: String::new(),
                     pod_uid: String::new(),
-                    restarts: 0,
+                    // Written before the spawn: the count this process was started with.
+                    restarts: read_launch(&dir).map_or(0, |l| l.restarts),
                 };
                 // Only if still unrecorded: a provision finishing meanwhile writes the
                 // full record (with the pod's environment), which this must not replace.
@@ -1355,6 +1356,16 @@ struct Launch {
     env: Vec<(String, String)>,
     working_dir: Option<String>,
     capacity_type: Option<String>,
+    /// The restart count of the process started with it: read back when the manager died
+    /// between that start and the write of `instance.json`.
+    #[serde(default)]
+    restarts: i32,
+}
+
+fn read_launch(dir: &Path) -> Option<Launch> {
+    std::fs::read(dir.join(LAUNCH))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
 }
 
 /// The claim's connect token: the one on disk, or a fresh one recorded now (only if still
@@ -1383,7 +1394,7 @@ fn read_token(dir: &Path) -> Option<zeroize::Zeroizing<String>> {
     (!trimmed.is_empty()).then(|| zeroize::Zeroizing::new(trimmed.to_string()))
 }
 
-fn write_launch(dir: &Path, req: &ProvisionRequest) -> Result<(), ProviderError> {
+fn write_launch(dir: &Path, req: &ProvisionRequest, restarts: i32) -> Result<(), ProviderError> {
     let launch = Launch {
         namespace: req.namespace.clone(),
         pod: req.pod_name.clone(),
@@ -1393,6 +1404,7 @@ fn write_launch(dir: &Path, req: &ProvisionRequest) -> Result<(), ProviderError>
         env: req.env.clone(),
         working_dir: req.working_dir.clone(),
         capacity_type: req.capacity_type.clone(),
+        restarts,
     };
     let bytes = serde_json::to_vec(&launch).map_err(|e| failed("provision", e.to_string()))?;
     common::fsutil::write_atomic(&dir.join(LAUNCH), &bytes, 0o600, None)
@@ -1426,9 +1438,7 @@ impl ProcessProvider {
                 ),
             ));
         }
-        let launch: Option<Launch> = std::fs::read(dir.join(LAUNCH))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
+        let launch = read_launch(&dir);
         let mut instance = self.instance_of(&dir, &rec);
         match launch {
             Some(mut launch) if launch.image != req.image => {
