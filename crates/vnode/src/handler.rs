@@ -414,7 +414,16 @@ impl Handler {
         claim: &str,
         instance: &str,
     ) -> Result<(), DeleteError> {
-        self.provider.terminate(instance).await.map_err(|source| {
+        let key = ClaimKey::new(claim);
+        // While the provider works on it the instance may already be gone from its list
+        // while the claim is still tracked: the notify loop must not take that for a
+        // vanished instance (a pod failed for its deadline would be reported vanished).
+        lock(&self.updating).insert(key.clone());
+        let result = self.provider.terminate(instance).await;
+        if result.is_err() {
+            lock(&self.updating).remove(&key);
+        }
+        result.map_err(|source| {
             Metrics::inc(&self.metrics.provider_errors);
             DeleteError::Terminate {
                 pod: pod.to_string(),
@@ -422,8 +431,8 @@ impl Handler {
                 source,
             }
         })?;
-        let key = ClaimKey::new(claim);
         lock(&self.tracked).remove(&key);
+        lock(&self.updating).remove(&key);
         self.forget_name(&key);
         if let Some(m) = self.cold.lock().await.as_mut() {
             m.remove(claim);

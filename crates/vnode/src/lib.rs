@@ -22,7 +22,12 @@
 //!   labels, annotations, image, activeDeadlineSeconds, tolerations) is pushed to the
 //!   provider once; the `applied-spec` annotation records its [`spec_fingerprint`], and a
 //!   provider that cannot apply it gets the `SpecApplied=False` condition and a Warning
-//!   Event instead of a retry loop.
+//!   Event instead of a retry loop. `activeDeadlineSeconds` is also enforced there, as
+//!   the kubelet does: counted from `status.startTime` (so across manager restarts), one
+//!   timer per pod; when it passes the instance is terminated and the pod written Failed
+//!   with reason `DeadlineExceeded` ([`status::active_deadline`]), once, with a Normal
+//!   Event and the `vnode_deadlines_exceeded` counter. The container's `restartCount` is
+//!   the provider's [`Instance::restart_count`].
 //! - [`placement`]: the placement gate, candidates, [`Blocklist`].
 //! - [`Runner`]: one provider's node and pod controllers together.
 //! - Providers: [`providers::process`] (local process groups) and [`providers::memory`]

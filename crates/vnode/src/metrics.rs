@@ -32,6 +32,8 @@ pub struct Metrics {
     pub updates_refused: Counter,
     /// Connect Secrets written.
     pub connect_secrets: Counter,
+    /// Pods failed for outliving `spec.activeDeadlineSeconds` (reason `DeadlineExceeded`).
+    pub deadlines_exceeded: Counter,
     /// Pods on the virtual nodes by phase (`phase` label).
     pub pods: Family<PhaseLabels, Gauge>,
     /// Provider runners currently leading (holding their lease, or not elected).
@@ -107,6 +109,11 @@ impl Metrics {
             "connect_secrets",
             "Connect Secrets written",
             self.connect_secrets.clone(),
+        );
+        r.register(
+            "deadlines_exceeded",
+            "Pods failed for outliving spec.activeDeadlineSeconds",
+            self.deadlines_exceeded.clone(),
         );
         r.register(
             "pods",

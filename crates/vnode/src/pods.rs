@@ -1,6 +1,7 @@
 //! The pod controller of one provider: watches the pods bound to its node, provisions and
-//! terminates their instances through the [`Handler`], and runs the notify loop that
-//! writes instance metadata and status.
+//! terminates their instances through the [`Handler`], fails pods that outlive their
+//! `activeDeadlineSeconds` (one timer per pod), and runs the notify loop that writes
+//! instance metadata and status.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use crate::handler::{DeleteError, Handler, LookupError};
 use crate::metrics::Metrics;
 use crate::provider::{Instance, InstanceState, ProviderError};
 use crate::slim::{PodRecord, PodStore, SlimPod};
-use crate::status::{self, Observed};
+use crate::status::{self, Deadline, Observed};
 
 /// How long a refusing provider (or capacity type) is skipped by placement.
 pub const DEFAULT_BLOCK_TTL: Duration = Duration::from_secs(300);
@@ -87,6 +88,7 @@ struct Ctx {
     handler: Arc<Handler>,
     store: PodStore,
     queue: crate::queue::Queue,
+    deadlines: DeadlineTimers,
     cfg: PodControllerConfig,
     metrics: Arc<Metrics>,
     events: Option<crate::events::Publisher>,
@@ -121,6 +123,7 @@ pub async fn run_pods(
         handler,
         store: PodStore::new(),
         queue: crate::queue::Queue::new(),
+        deadlines: DeadlineTimers::default(),
         cfg,
         metrics,
         events,
@@ -230,6 +233,18 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<(), SyncError> {
     if status::is_terminal(&pod) {
         return Ok(());
     }
+    // Before anything else: a pod past its deadline is not to be created, updated or
+    // reported vanished, only failed (also right after a restart, when the deadline
+    // passed while no manager ran).
+    match status::active_deadline(
+        pod.status.as_ref().and_then(|s| s.start_time.as_ref()),
+        pod.spec.as_ref().and_then(|s| s.active_deadline_seconds),
+        Timestamp::now(),
+    ) {
+        Deadline::Passed => return fail_past_deadline(ctx, &pod).await,
+        Deadline::In(left) => ctx.deadlines.wake(ctx, key, left),
+        Deadline::None => {}
+    }
     match ctx.handler.get(&pod).await {
         Ok(found) => {
             if found.readopted {
@@ -315,6 +330,106 @@ async fn create_pod(ctx: &Ctx, pod: &Pod) -> Result<(), SyncError> {
             ctx.queue.add_after(&pod_key(pod), ctx.poll, &ctx.cancel);
             Ok(())
         }
+    }
+}
+
+/// The kubelet's active-deadline handling: a pod that outlived `activeDeadlineSeconds`,
+/// counted from its `status.startTime`, has its instance terminated and is reported
+/// Failed with reason `DeadlineExceeded`, whatever its restartPolicy. The instance goes
+/// first: a Failed pod is never looked at again, so an instance left behind it would
+/// leak. Repeating it is safe (a crash between the two finds no instance, and the status
+/// is written only when the pod does not say it yet), and the Event and the metric follow
+/// the one status write that succeeded.
+async fn fail_past_deadline(ctx: &Ctx, pod: &Pod) -> Result<(), SyncError> {
+    let key = pod_key(pod);
+    match ctx.handler.get(pod).await {
+        Ok(found) => {
+            info!(instance = %found.instance_id, "the pod's active deadline passed: terminating its instance");
+            ctx.handler
+                .terminate_claim(&key, &found.claim, &found.instance_id)
+                .await?;
+        }
+        Err(LookupError::NotFound { .. } | LookupError::NoClaim(_)) => {}
+        Err(LookupError::Unknown { source, .. }) => {
+            warn!(error = %crate::chain(&source), "the pod's active deadline passed but the provider is unreachable: the pod is failed once its instance is terminated; retrying");
+            ctx.queue.add_after(&key, ctx.poll, &ctx.cancel);
+            return Ok(());
+        }
+    }
+    let Some(patch) = status::status_patch(pod, &Observed::DeadlineExceeded, Timestamp::now())
+    else {
+        return Ok(());
+    };
+    pods_api(&ctx.client, pod)
+        .patch_status(
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(api_err("failing (deadline exceeded)", pod))?;
+    Metrics::inc(&ctx.metrics.status_writes);
+    Metrics::inc(&ctx.metrics.deadlines_exceeded);
+    info!("pod failed: its active deadline passed");
+    publish(
+        ctx,
+        pod,
+        EventType::Normal,
+        status::REASON_DEADLINE_EXCEEDED,
+        status::DEADLINE_EXCEEDED_MESSAGE.to_string(),
+    )
+    .await;
+    Ok(())
+}
+
+/// When pods' active deadlines pass: one timer per pod for the earliest deadline it was
+/// scheduled for, so the reconcile a pod gets on every watch event starts no second timer
+/// for the same deadline, and nothing polls every pod every tick. A lowered deadline
+/// starts an earlier timer; the later one finds a Failed pod and does nothing.
+#[derive(Default)]
+struct DeadlineTimers {
+    due: Arc<std::sync::Mutex<HashMap<Box<str>, tokio::time::Instant>>>,
+}
+
+/// Timers further out than this wake the pod early, and its reconcile schedules the rest.
+const LONGEST_TIMER: Duration = Duration::from_secs(24 * 3600);
+/// How much later than wanted a pending deadline timer may fire and still be kept.
+const TIMER_SLACK: Duration = Duration::from_millis(50);
+
+impl DeadlineTimers {
+    /// Queues `key` once `after` has passed (a moment later: the check is against the wall
+    /// clock, the timer on the monotonic one, and an early wake only schedules again).
+    fn wake(&self, ctx: &Ctx, key: &str, after: Duration) {
+        let after = after.min(LONGEST_TIMER) + Duration::from_millis(10);
+        let at = tokio::time::Instant::now() + after;
+        {
+            let mut due = self.due.lock().unwrap_or_else(|p| p.into_inner());
+            // The same deadline computed again a little later lands within a few
+            // milliseconds of the first (two clocks, whole milliseconds): no second timer.
+            if due.get(key).is_some_and(|t| *t <= at + TIMER_SLACK) {
+                return;
+            }
+            due.insert(key.into(), at);
+        }
+        let key = key.to_string();
+        let queue = ctx.queue.clone();
+        let cancel = ctx.cancel.clone();
+        let due = self.due.clone();
+        // Like the queue's delayed adds: a timer that can only queue a key, ended by the
+        // controller's cancellation.
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = tokio::time::sleep_until(at) => {
+                    let mut due = due.lock().unwrap_or_else(|p| p.into_inner());
+                    if due.get(key.as_str()) == Some(&at) {
+                        due.remove(key.as_str());
+                    }
+                    drop(due);
+                    queue.add(&key);
+                }
+            }
+        });
     }
 }
 

@@ -105,6 +105,10 @@ pub struct Instance {
     pub ip: Option<String>,
     /// When it started, RFC 3339, if known (written to the container's `startedAt`).
     pub started_at: Option<String>,
+    /// How many times the provider restarted the instance's workload in place (for
+    /// example for an image change): the container's `restartCount`. A provider keeps it
+    /// with the instance, so a restarted manager reads the same count.
+    pub restart_count: i32,
 }
 
 /// What a placement refusal blocks: the whole provider, or one capacity type of it.

@@ -45,7 +45,7 @@ pub(crate) struct SlimPod {
 pub(crate) struct SlimSpec {
     #[serde(default)]
     pub containers: Vec<SlimContainer>,
-    /// Read for the mutable-fields fingerprint only.
+    /// Read for the mutable-fields fingerprint, and enforced by the pod controller.
     #[serde(default)]
     pub active_deadline_seconds: Option<i64>,
     /// Read for the mutable-fields fingerprint only.
@@ -120,6 +120,8 @@ pub(crate) struct PodRecord {
     desired_spec: Option<SmallStr>,
     /// The first container's name and image; `None` without a container.
     container: Option<(SmallStr, Option<SmallStr>)>,
+    /// `spec.activeDeadlineSeconds`.
+    active_deadline_seconds: Option<i64>,
     /// The rest of the first container's shape, kept only while the pod has no instance
     /// (nothing is provisioned for a pod that names one).
     shape: Option<Box<Shape>>,
@@ -179,6 +181,7 @@ impl PodRecord {
                 c.image.as_deref().map(SmallStr::new),
             )
         });
+        let active_deadline_seconds = spec.as_ref().and_then(|s| s.active_deadline_seconds);
         let shape = match spec.and_then(|s| s.containers.into_iter().next()) {
             Some(c) if instance_id.is_none() => Some(Box::new(Shape {
                 command: c.command,
@@ -202,6 +205,7 @@ impl PodRecord {
             instance_id,
             desired_spec,
             container,
+            active_deadline_seconds,
             shape,
             status: status.map(|s| Box::new(SlimStatus::new(s))),
         }
@@ -290,6 +294,7 @@ impl PodRecord {
                     tty: shape.tty,
                     ..Container::default()
                 }],
+                active_deadline_seconds: self.active_deadline_seconds,
                 ..PodSpec::default()
             }),
             status: self.status.as_ref().map(|s| s.to_pod_status()),
@@ -346,6 +351,7 @@ pub(crate) struct OwnedCondition {
 pub(crate) struct SlimContainerStatus {
     pub name: SmallStr,
     pub ready: bool,
+    pub restart_count: i32,
     /// `state.waiting`, with its reason.
     pub waiting: Option<Option<SmallStr>>,
     /// `state.running`, with its start.
@@ -403,6 +409,7 @@ impl SlimStatus {
                 SlimContainerStatus {
                     name: c.name.into(),
                     ready: c.ready,
+                    restart_count: c.restart_count,
                     waiting: state.waiting.map(|w| w.reason.map(SmallStr::from)),
                     running: state.running.map(|r| r.started_at),
                     terminated: state.terminated.map(|t| SlimTerminated {
@@ -441,6 +448,7 @@ impl SlimStatus {
             .map(|c| ContainerStatus {
                 name: c.name.to_string(),
                 ready: c.ready,
+                restart_count: c.restart_count,
                 state: Some(ContainerState {
                     waiting: c.waiting.as_ref().map(|r| ContainerStateWaiting {
                         reason: r.as_ref().map(SmallStr::to_string),
@@ -627,6 +635,12 @@ mod tests {
             crate::claim::pod_spec_fingerprint(&full).as_ref()
         );
         assert_eq!(ann.len(), 1, "{ann:?}");
+        // The deadline the controller enforces is kept.
+        assert_eq!(pod.spec.unwrap().active_deadline_seconds, None);
+        let mut v = base();
+        v["spec"]["activeDeadlineSeconds"] = json!(30);
+        let pod = PodRecord::new(slim(v)).to_pod();
+        assert_eq!(pod.spec.unwrap().active_deadline_seconds, Some(30));
     }
 
     #[test]
@@ -652,6 +666,7 @@ mod tests {
             endpoint: endpoint.map(str::to_string),
             ip: ip.map(str::to_string),
             started_at: Some("2026-01-01T00:00:00Z".into()),
+            restart_count: 0,
         }
     }
 
@@ -667,6 +682,11 @@ mod tests {
             },
         ] {
             out.push(inst(state.clone(), Some("h:22"), Some("10.0.0.1")));
+            // Restarted in place once.
+            out.push(Instance {
+                restart_count: 1,
+                ..inst(state.clone(), Some("h:22"), Some("10.0.0.1"))
+            });
             out.push(inst(state, None, None));
         }
         out
@@ -730,6 +750,16 @@ mod tests {
         out.push(Some(
             json!({"phase": "Running", "containerStatuses": [{"name": "main", "ready": true, "image": "", "imageID": "", "restartCount": 0}]}),
         ));
+        // Another restart count than the instance's.
+        let i = inst(InstanceState::Running, Some("h:22"), Some("10.0.0.1"));
+        let mut v = serde_json::to_value(crate::status::desired_status(
+            &pod,
+            &Observed::Instance(&i),
+            now,
+        ))
+        .unwrap();
+        v["containerStatuses"][0]["restartCount"] = json!(3);
+        out.push(Some(v));
         out
     }
 
@@ -768,7 +798,11 @@ mod tests {
                     assert_eq!(rec.metadata_stale(&i), metadata_patch(&full, &i).is_some());
                     assert_eq!(metadata_patch(&rebuilt, &i), metadata_patch(&full, &i));
                 }
-                for obs in [Observed::Vanished, Observed::ProvisionFailed("no")] {
+                for obs in [
+                    Observed::Vanished,
+                    Observed::ProvisionFailed("no"),
+                    Observed::DeadlineExceeded,
+                ] {
                     let want = status_patch(&full, &obs, now);
                     assert_eq!(crate::status::status_stale(&rec, &obs), want.is_some());
                     assert_eq!(status_patch(&rebuilt, &obs, now), want);

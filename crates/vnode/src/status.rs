@@ -24,6 +24,12 @@ pub const REASON_VANISHED: &str = "InstanceVanished";
 pub const REASON_PROVIDER_FAILED: &str = "ProviderFailed";
 /// Pod `status.reason` when provisioning failed for good.
 pub const REASON_PROVISION_FAILED: &str = "ProvisionFailed";
+/// Pod `status.reason` when the pod outlived `spec.activeDeadlineSeconds` (the kubelet's).
+pub const REASON_DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+/// Pod `status.message` with [`REASON_DEADLINE_EXCEEDED`], in the kubelet's words (clients
+/// and dashboards match on them).
+pub const DEADLINE_EXCEEDED_MESSAGE: &str =
+    "Pod was active on the node longer than the specified deadline";
 
 /// What the pod should report. `None` instance = the instance vanished.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +40,42 @@ pub enum Observed<'a> {
     Vanished,
     /// Provisioning failed for a reason retrying will not fix.
     ProvisionFailed(&'a str),
+    /// The pod outlived `spec.activeDeadlineSeconds`; its instance was terminated.
+    DeadlineExceeded,
+}
+
+/// Where a pod stands against `spec.activeDeadlineSeconds`, measured as the kubelet
+/// measures it: from `status.startTime`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deadline {
+    /// No deadline applies (none set, or no start time recorded yet).
+    None,
+    /// The deadline has passed: the pod is to be failed now.
+    Passed,
+    /// The deadline passes after this long.
+    In(std::time::Duration),
+}
+
+/// Where a pod that started at `start_time` with `active_deadline_seconds` stands at
+/// `now`. As the kubelet decides: passed once the time since the start reaches the
+/// deadline (so a start time in the future, a clock step, never passes it early).
+pub fn active_deadline(
+    start_time: Option<&Time>,
+    active_deadline_seconds: Option<i64>,
+    now: Timestamp,
+) -> Deadline {
+    let (Some(start), Some(seconds)) = (start_time, active_deadline_seconds) else {
+        return Deadline::None;
+    };
+    let elapsed_ms = i128::from(now.as_millisecond()) - i128::from(start.0.as_millisecond());
+    let allowed_ms = i128::from(seconds) * 1000;
+    if elapsed_ms >= allowed_ms {
+        return Deadline::Passed;
+    }
+    // Positive and below 1000 * i64::MAX here; anything beyond u64 milliseconds is
+    // further than any timer needs to look.
+    let left = u64::try_from(allowed_ms - elapsed_ms).unwrap_or(u64::MAX);
+    Deadline::In(std::time::Duration::from_millis(left))
 }
 
 /// The annotations the pod should carry for `instance` (instance id, endpoint).
@@ -120,6 +162,9 @@ struct Want<'a> {
     running: bool,
     /// The container ended with this exit code and reason.
     exit: Option<(i32, &'static str)>,
+    /// The container's restart count as the provider reports it; `None`: the old status's
+    /// count is carried over (the instance is gone, or never was).
+    restarts: Option<i32>,
 }
 
 const VANISHED_MESSAGE: &str = "the instance behind this pod no longer exists at the provider";
@@ -133,32 +178,39 @@ fn want<'a>(observed: &Observed<'a>) -> Want<'a> {
         waiting: None,
         running: false,
         exit: None,
+        restarts: None,
     };
     match observed {
-        Observed::Instance(i) => match &i.state {
-            InstanceState::Pending => Want {
-                phase: "Pending",
-                waiting: Some("Provisioning"),
+        Observed::Instance(i) => {
+            let none = Want {
+                restarts: Some(i.restart_count),
                 ..none
-            },
-            InstanceState::Running => Want {
-                phase: "Running",
-                pod_ip: i.ip.as_deref(),
-                running: true,
-                ..none
-            },
-            InstanceState::Exited { code } => Want {
-                phase: if *code == 0 { "Succeeded" } else { "Failed" },
-                exit: Some((*code, if *code == 0 { "Completed" } else { "Error" })),
-                ..none
-            },
-            InstanceState::Failed { reason } => Want {
-                reason: Some(REASON_PROVIDER_FAILED),
-                message: Some(reason),
-                exit: Some((137, REASON_PROVIDER_FAILED)),
-                ..none
-            },
-        },
+            };
+            match &i.state {
+                InstanceState::Pending => Want {
+                    phase: "Pending",
+                    waiting: Some("Provisioning"),
+                    ..none
+                },
+                InstanceState::Running => Want {
+                    phase: "Running",
+                    pod_ip: i.ip.as_deref(),
+                    running: true,
+                    ..none
+                },
+                InstanceState::Exited { code } => Want {
+                    phase: if *code == 0 { "Succeeded" } else { "Failed" },
+                    exit: Some((*code, if *code == 0 { "Completed" } else { "Error" })),
+                    ..none
+                },
+                InstanceState::Failed { reason } => Want {
+                    reason: Some(REASON_PROVIDER_FAILED),
+                    message: Some(reason),
+                    exit: Some((137, REASON_PROVIDER_FAILED)),
+                    ..none
+                },
+            }
+        }
         Observed::Vanished => Want {
             reason: Some(REASON_VANISHED),
             message: Some(VANISHED_MESSAGE),
@@ -169,6 +221,14 @@ fn want<'a>(observed: &Observed<'a>) -> Want<'a> {
             reason: Some(REASON_PROVISION_FAILED),
             message: Some(why),
             waiting: Some(REASON_PROVISION_FAILED),
+            ..none
+        },
+        // The instance was killed (terminated through the provider), as the kubelet kills
+        // the containers of a pod past its deadline.
+        Observed::DeadlineExceeded => Want {
+            reason: Some(REASON_DEADLINE_EXCEEDED),
+            message: Some(DEADLINE_EXCEEDED_MESSAGE),
+            exit: Some((137, REASON_DEADLINE_EXCEEDED)),
             ..none
         },
     }
@@ -188,9 +248,14 @@ pub fn desired_status(pod: &Pod, observed: &Observed<'_>, now: Timestamp) -> Pod
     let start_time = old
         .and_then(|s| s.start_time.clone())
         .unwrap_or_else(|| now.clone());
-    let old_state = old
+    let old_container = old
         .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|cs| cs.first())
+        .and_then(|cs| cs.first());
+    let old_restarts = old_container.map_or(0, |c| c.restart_count);
+    let restart_count = w.restarts.unwrap_or(old_restarts);
+    // A restarted container is another run: its start and end are not the old ones.
+    let old_state = old_container
+        .filter(|_| restart_count == old_restarts)
         .and_then(|c| c.state.as_ref());
     let message = w.message.map(str::to_string);
     let state = if let Some(reason) = w.waiting {
@@ -266,7 +331,7 @@ pub fn desired_status(pod: &Pod, observed: &Observed<'_>, now: Timestamp) -> Pod
             image_id: String::new(),
             ready: running,
             started: Some(running),
-            restart_count: 0,
+            restart_count,
             state: Some(state),
             ..ContainerStatus::default()
         }]),
@@ -312,6 +377,7 @@ pub(crate) fn status_stale(pod: &PodRecord, observed: &Observed<'_>) -> bool {
             .as_ref()
             .map(|t| (t.exit_code, t.reason.as_deref()))
             != w.exit.map(|(code, reason)| (code, Some(reason)))
+        || w.restarts.is_some_and(|n| n != c.restart_count)
 }
 
 /// The parts of a status this crate owns, without timestamps: equal signatures mean no
@@ -335,6 +401,7 @@ pub fn signature(s: &PodStatus) -> Value {
                 "waiting": st.and_then(|s| s.waiting.as_ref()).map(|w| &w.reason),
                 "running": st.is_some_and(|s| s.running.is_some()),
                 "exit": st.and_then(|s| s.terminated.as_ref()).map(|t| (t.exit_code, &t.reason)),
+                "restarts": c.restart_count,
             })
         })
         .collect();
@@ -410,6 +477,7 @@ mod tests {
             endpoint: Some("h:22".into()),
             ip: Some("10.0.0.9".into()),
             started_at: None,
+            restart_count: 0,
         }
     }
 
@@ -484,6 +552,84 @@ mod tests {
             patch["metadata"]["annotations"][common::keys::APPLIED_SPEC_ANNOTATION],
             "abc"
         );
+    }
+
+    #[test]
+    fn the_deadline_counts_from_the_start_time() {
+        let start: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let at = |secs: i64| Timestamp::from_second(start.as_second() + secs).unwrap();
+        let st = Some(Time(start));
+        assert_eq!(active_deadline(st.as_ref(), None, at(10)), Deadline::None);
+        assert_eq!(active_deadline(None, Some(5), at(10)), Deadline::None);
+        assert_eq!(
+            active_deadline(st.as_ref(), Some(30), at(10)),
+            Deadline::In(std::time::Duration::from_secs(20))
+        );
+        // Reached counts as passed, as the kubelet decides.
+        assert_eq!(
+            active_deadline(st.as_ref(), Some(30), at(30)),
+            Deadline::Passed
+        );
+        assert_eq!(
+            active_deadline(st.as_ref(), Some(30), at(99)),
+            Deadline::Passed
+        );
+        // A start time ahead of the clock does not pass the deadline early.
+        assert_eq!(
+            active_deadline(st.as_ref(), Some(30), at(-10)),
+            Deadline::In(std::time::Duration::from_secs(40))
+        );
+        // The largest deadline the API takes is far, not an overflow.
+        assert!(matches!(
+            active_deadline(st.as_ref(), Some(i64::MAX), at(10)),
+            Deadline::In(_)
+        ));
+    }
+
+    #[test]
+    fn a_deadline_failure_is_written_once_and_keeps_the_restart_count() {
+        let mut p = pod();
+        let restarted = Instance {
+            restart_count: 2,
+            ..inst(InstanceState::Running)
+        };
+        let now = Timestamp::now();
+        p.status = Some(desired_status(&p, &Observed::Instance(&restarted), now));
+        let patch = status_patch(&p, &Observed::DeadlineExceeded, now).unwrap();
+        assert_eq!(patch["status"]["phase"], "Failed");
+        assert_eq!(patch["status"]["reason"], REASON_DEADLINE_EXCEEDED);
+        assert_eq!(patch["status"]["message"], DEADLINE_EXCEEDED_MESSAGE);
+        assert_eq!(patch["status"]["podIP"], Value::Null);
+        let c = &patch["status"]["containerStatuses"][0];
+        assert_eq!(c["restartCount"], 2);
+        assert_eq!(c["state"]["terminated"]["reason"], REASON_DEADLINE_EXCEEDED);
+        p.status = Some(desired_status(&p, &Observed::DeadlineExceeded, now));
+        assert!(is_terminal(&p));
+        assert_eq!(status_patch(&p, &Observed::DeadlineExceeded, now), None);
+    }
+
+    #[test]
+    fn a_restart_in_place_is_counted_and_starts_the_container_again() {
+        let mut p = pod();
+        let first = Instance {
+            started_at: Some("2026-01-01T00:00:00Z".into()),
+            ..inst(InstanceState::Running)
+        };
+        let now = Timestamp::now();
+        p.status = Some(desired_status(&p, &Observed::Instance(&first), now));
+        let again = Instance {
+            id: "i-2".into(),
+            restart_count: 1,
+            started_at: None,
+            ..first.clone()
+        };
+        let patch = status_patch(&p, &Observed::Instance(&again), now).unwrap();
+        let c = &patch["status"]["containerStatuses"][0];
+        assert_eq!(c["restartCount"], 1);
+        // Not the first run's start.
+        assert_ne!(c["state"]["running"]["startedAt"], "2026-01-01T00:00:00Z");
+        p.status = Some(desired_status(&p, &Observed::Instance(&again), now));
+        assert_eq!(status_patch(&p, &Observed::Instance(&again), now), None);
     }
 
     #[test]

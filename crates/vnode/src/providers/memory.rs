@@ -179,6 +179,8 @@ impl MemoryProvider {
             state: r.state.clone(),
             ip: None,
             started_at: r.started.then(|| STARTED_AT.to_string()),
+            // An update changes nothing of a memory instance, so it never restarts.
+            restart_count: 0,
         }
     }
 

@@ -9,14 +9,14 @@
 //! Layout of `--state-dir`, one directory per claim:
 //!
 //! ```text
-//! <state-dir>/<claim>/instance.json   pid, start time, pod (written after the spawn)
+//! <state-dir>/<claim>/instance.json   pid, start time, pod, restarts (written after the spawn)
 //! <state-dir>/<claim>/output.log      stdout and stderr, in the order captured
 //! <state-dir>/<claim>/output.idx      capture time of each chunk of output.log
 //! <state-dir>/<claim>/stdout.fifo     the process's stdout (also stderr.fifo, stdin.fifo)
 //! <state-dir>/<claim>/exit            exit code, written by the process's shell wrapper
 //! <state-dir>/<claim>/root/           working directory base (workingDir resolves here)
 //! <state-dir>/<claim>/connect-token    the pod's connect token (0600)
-//! <state-dir>/<claim>/launch.json      what was started: command, args, env, image
+//! <state-dir>/<claim>/launch.json      what was started: command, args, env, image, restarts
 //! <state-dir>/<claim>/spec.json        the pod's mutable fields last applied (updates)
 //! ```
 //!
@@ -34,10 +34,12 @@
 //! treats an image change the way the kubelet treats one: the process group is stopped
 //! (SIGTERM, then SIGKILL after the grace period) and started again with the same command,
 //! args, env and working directory, appending to the same `output.log`; the instance gets
-//! a new id (pid and start time). Command and args cannot change on a pod, so nothing
-//! else restarts it. Labels, annotations, `activeDeadlineSeconds` and tolerations are
-//! recorded in `spec.json` and change nothing in the running process (the deadline is not
-//! enforced by this provider).
+//! a new id (pid and start time), and the restart is counted in `instance.json` (the
+//! container's `restartCount`, which a restarted manager reads back). Command and args
+//! cannot change on a pod, so nothing else restarts it. Labels, annotations,
+//! `activeDeadlineSeconds` and tolerations are recorded in `spec.json` and change nothing
+//! in the running process (the pod controller enforces the deadline: it terminates the
+//! instance when the deadline passes).
 //!
 //! A restarted manager finds its instances again from these files, and resumes draining
 //! their FIFOs. A PID alone is not an
@@ -100,6 +102,10 @@ struct Record {
     /// The pod's UID.
     #[serde(default)]
     pod_uid: String,
+    /// How many times the process group was restarted in place (image changes): the
+    /// container's `restartCount`. Kept here so it survives a manager restart.
+    #[serde(default)]
+    restarts: i32,
 }
 
 impl Record {
@@ -234,6 +240,7 @@ impl ProcessProvider {
             endpoint: Some("127.0.0.1".into()),
             ip: Some("127.0.0.1".into()),
             started_at: None,
+            restart_count: rec.restarts,
         }
     }
 
@@ -274,7 +281,13 @@ impl ProcessProvider {
             .insert(rec.id(), rec.claim.clone());
     }
 
-    async fn provision_inner(&self, req: &ProvisionRequest) -> Result<Instance, ProviderError> {
+    /// Provisions `req`'s claim; a process started now is recorded with `restarts` (0 for
+    /// a first start, the previous count plus one for a restart in place).
+    async fn provision_inner(
+        &self,
+        req: &ProvisionRequest,
+        restarts: i32,
+    ) -> Result<Instance, ProviderError> {
         let _one_at_a_time = self.provisioning.lock().await;
         let dir = self.claim_dir(&req.claim)?;
         if let Some(rec) = Self::read_record(&dir) {
@@ -309,6 +322,7 @@ impl ProcessProvider {
                 tty: req.tty,
                 container: req.container.clone(),
                 pod_uid: req.pod_uid.clone(),
+                restarts,
             };
             Self::write_record(&dir, &rec)?;
             self.remember(&rec);
@@ -316,7 +330,7 @@ impl ProcessProvider {
             return Ok(self.instance_of(&dir, &rec));
         }
         let token = ensure_token(&dir)?;
-        write_launch(&dir, req)?;
+        write_launch(&dir, req, restarts)?;
         let stdin = req.stdin || req.tty;
         capture::make_fifos(&dir, stdin).map_err(|e| {
             failed(
@@ -408,6 +422,7 @@ impl ProcessProvider {
             tty: req.tty,
             container: req.container.clone(),
             pod_uid: req.pod_uid.clone(),
+            restarts,
         };
         Self::write_record(&dir, &rec)?;
         self.remember(&rec);
@@ -466,6 +481,8 @@ impl ProcessProvider {
                     tty: false,
                     container: String::new(),
                     pod_uid: String::new(),
+                    // Written before the spawn: the count this process was started with.
+                    restarts: read_launch(&dir).map_or(0, |l| l.restarts),
                 };
                 // Only if still unrecorded: a provision finishing meanwhile writes the
                 // full record (with the pod's environment), which this must not replace.
@@ -591,7 +608,7 @@ impl Provider for ProcessProvider {
         &'a self,
         req: &'a ProvisionRequest,
     ) -> BoxFuture<'a, Result<Instance, ProviderError>> {
-        self.provision_inner(req).boxed()
+        self.provision_inner(req, 0).boxed()
     }
 
     fn terminate<'a>(&'a self, instance_id: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
@@ -1339,6 +1356,16 @@ struct Launch {
     env: Vec<(String, String)>,
     working_dir: Option<String>,
     capacity_type: Option<String>,
+    /// The restart count of the process started with it: read back when the manager died
+    /// between that start and the write of `instance.json`.
+    #[serde(default)]
+    restarts: i32,
+}
+
+fn read_launch(dir: &Path) -> Option<Launch> {
+    std::fs::read(dir.join(LAUNCH))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
 }
 
 /// The claim's connect token: the one on disk, or a fresh one recorded now (only if still
@@ -1367,7 +1394,7 @@ fn read_token(dir: &Path) -> Option<zeroize::Zeroizing<String>> {
     (!trimmed.is_empty()).then(|| zeroize::Zeroizing::new(trimmed.to_string()))
 }
 
-fn write_launch(dir: &Path, req: &ProvisionRequest) -> Result<(), ProviderError> {
+fn write_launch(dir: &Path, req: &ProvisionRequest, restarts: i32) -> Result<(), ProviderError> {
     let launch = Launch {
         namespace: req.namespace.clone(),
         pod: req.pod_name.clone(),
@@ -1377,6 +1404,7 @@ fn write_launch(dir: &Path, req: &ProvisionRequest) -> Result<(), ProviderError>
         env: req.env.clone(),
         working_dir: req.working_dir.clone(),
         capacity_type: req.capacity_type.clone(),
+        restarts,
     };
     let bytes = serde_json::to_vec(&launch).map_err(|e| failed("provision", e.to_string()))?;
     common::fsutil::write_atomic(&dir.join(LAUNCH), &bytes, 0o600, None)
@@ -1410,9 +1438,7 @@ impl ProcessProvider {
                 ),
             ));
         }
-        let launch: Option<Launch> = std::fs::read(dir.join(LAUNCH))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
+        let launch = read_launch(&dir);
         let mut instance = self.instance_of(&dir, &rec);
         match launch {
             Some(mut launch) if launch.image != req.image => {
@@ -1467,7 +1493,10 @@ impl ProcessProvider {
                     container: rec.container.clone(),
                     pod_uid: rec.pod_uid.clone(),
                 };
-                instance = self.provision_inner(&again).await?;
+                // The restart is counted as the kubelet counts a container restart.
+                instance = self
+                    .provision_inner(&again, rec.restarts.saturating_add(1))
+                    .await?;
             }
             Some(_) => {}
             // Started before launch records existed: the command is unknown, so an image

@@ -3,6 +3,7 @@
 
 mod common;
 mod crash;
+mod deadline;
 mod kubelet;
 mod lifecycle;
 mod placement;

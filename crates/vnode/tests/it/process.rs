@@ -93,6 +93,60 @@ async fn a_reused_pid_is_not_taken_for_the_instance() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn an_image_restart_is_counted_even_when_the_manager_dies_before_recording_it()
+-> anyhow::Result<()> {
+    let state = tempfile::tempdir()?;
+    // The second process start (the restart) never gets past its spawn: the manager
+    // dies before instance.json names the new process.
+    let starts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hook: vnode::CrashHook = {
+        let starts = starts.clone();
+        std::sync::Arc::new(move |point| {
+            let n = if point == vnode::CrashPoint::ProviderCreated {
+                starts.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1
+            } else {
+                0
+            };
+            Box::pin(async move {
+                if n == 2 {
+                    std::future::pending::<()>().await;
+                }
+            })
+        })
+    };
+    let first = ProcessProvider::new("proc", state.path())?.with_crash_hook(Some(hook));
+    let request = req("nebula-cccc", "exec sleep 1000");
+    let a = first.provision(&request).await?;
+    assert_eq!(a.restart_count, 0);
+    let update = vnode::UpdateRequest {
+        claim: request.claim.clone(),
+        image: "busybox:2".into(),
+        ..vnode::UpdateRequest::default()
+    };
+    let restarting = {
+        let first = first.clone();
+        let id = a.id.clone();
+        tokio::spawn(async move { first.update(&id, &update).await })
+    };
+    wait_for("the restarted process spawned", || async {
+        Ok((starts.load(std::sync::atomic::Ordering::SeqCst) == 2).then_some(()))
+    })
+    .await?;
+    restarting.abort();
+    let _ = restarting.await;
+
+    // A restarted manager finds the new process by its tag, with the restart counted.
+    let second = ProcessProvider::new("proc", state.path())?;
+    let listed = second.list().await?;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_ne!(listed[0].id, a.id);
+    assert_eq!(listed[0].state, InstanceState::Running);
+    assert_eq!(listed[0].restart_count, 1);
+    second.terminate(&listed[0].id).await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn exec_port_forward_stats_and_log_tail() -> anyhow::Result<()> {
     let state = tempfile::tempdir()?;
     let p = ProcessProvider::new("proc", state.path())?;

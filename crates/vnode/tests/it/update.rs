@@ -32,6 +32,17 @@ fn pod_writes(server: &testkube::ApiServer) -> usize {
         .count()
 }
 
+fn restart_count(p: &Pod) -> Option<i32> {
+    Some(
+        p.status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .first()?
+            .restart_count,
+    )
+}
+
 fn applied(p: &Pod) -> Option<String> {
     annotation(p, ::common::keys::APPLIED_SPEC_ANNOTATION).map(str::to_string)
 }
@@ -295,6 +306,12 @@ async fn process_provider_restarts_the_process_on_an_image_change_and_records_la
     })
     .await?;
     assert_eq!(log, "started\nstarted\n");
+    // The restart is counted as a kubelet counts a container's.
+    wait_for("restartCount 1", || async {
+        let p = pods.get("job").await?;
+        Ok((restart_count(&p) == Some(1)).then_some(()))
+    })
+    .await?;
     let old_pid: i32 = first_id.split('-').next().unwrap().parse()?;
     let new_pid: i32 = restarted.split('-').next().unwrap().parse()?;
     assert!(
@@ -306,5 +323,67 @@ async fn process_provider_restarts_the_process_on_an_image_change_and_records_la
     pods.delete("job", &Default::default()).await?;
     wait_gone(&pods, "job").await?;
     assert!(!dir.exists(), "the pod's directory is removed with it");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_process_restart_count_survives_a_manager_restart() -> anyhow::Result<()> {
+    init_logs();
+    let server = testkube::ApiServer::start().await?;
+    let client = server.client();
+    let state = tempfile::tempdir()?;
+    let provider = || {
+        ProcessProvider::new("proc", state.path())
+            .map(|p| p.with_poll_interval(Duration::from_millis(300)))
+    };
+    let first = start_runner(
+        client.clone(),
+        Arc::new(provider()?),
+        None,
+        PodControllerConfig::default(),
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let created = create(
+        &pods,
+        &pod("job", "nebula-proc", &["/bin/sh", "-c", "exec sleep 1000"]),
+    )
+    .await?;
+    let claim = vnode::claim_name(&created).unwrap();
+    let p = wait_running(&pods, "job").await?;
+    assert_eq!(restart_count(&p), Some(0));
+    let image =
+        |image: &'static str| json!({"spec": {"containers": [{"name": "main", "image": image}]}});
+    patch(&pods, "job", image("busybox:2")).await?;
+    wait_for("restartCount 1 while Running", || async {
+        let p = pods.get("job").await?;
+        Ok((restart_count(&p) == Some(1) && phase(&p) == Some("Running")).then_some(()))
+    })
+    .await?;
+    first.crash().await;
+
+    // A restarted manager reads the count back from the provider's state.
+    let again = provider()?;
+    let listed = vnode::Provider::list(&again).await?;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].claim.as_str(), listed[0].restart_count),
+        (claim.as_str(), 1)
+    );
+    let second = start_runner(
+        client.clone(),
+        Arc::new(again),
+        None,
+        PodControllerConfig::default(),
+    );
+    // The next restart counts on from there.
+    patch(&pods, "job", image("busybox:3")).await?;
+    wait_for("restartCount 2 while Running", || async {
+        let p = pods.get("job").await?;
+        Ok((restart_count(&p) == Some(2) && phase(&p) == Some("Running")).then_some(()))
+    })
+    .await?;
+    pods.delete("job", &Default::default()).await?;
+    wait_gone(&pods, "job").await?;
+    second.stop().await;
     Ok(())
 }
