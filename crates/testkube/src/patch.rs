@@ -187,10 +187,17 @@ fn failed(msg: impl Into<String>) -> PatchError {
     PatchError::Failed(msg.into())
 }
 
-/// Applies a strategic merge patch (`strategicpatch.StrategicMergeMapPatch`) to an object
-/// of a served kind: `$patch: replace|delete|merge` on maps and list elements,
-/// `$setElementOrder/<list>`, `$retainKeys`, `$deleteFromPrimitiveList/<list>`, null to
-/// delete, merge keys per field.
+/// Applies a strategic merge patch (`strategicpatch.StrategicMergeMapPatch` in
+/// `staging/src/k8s.io/apimachinery/pkg/util/strategicpatch/patch.go`) to an object of a
+/// served kind: `$patch: replace|delete` on maps and `$patch: replace|delete` elements in
+/// lists merged by key, `$setElementOrder/<list>`, `$retainKeys`,
+/// `$deleteFromPrimitiveList/<list>`, null to delete, merge keys per field, and the
+/// element order `normalizeElementOrder` gives.
+///
+/// Where `strategicpatch` fails with a plain Go error, kube-apiserver answers 500 with
+/// that message; the double answers 422 ([`PatchError::Failed`]) with the same message
+/// (a refusal either way). Where kube-apiserver would keep a `$patch` directive as list
+/// data, the double refuses with 422 naming it.
 fn strategic_object(target: &mut Value, patch: &Value) -> Result<(), PatchError> {
     let kind = target
         .get("kind")
@@ -200,207 +207,473 @@ fn strategic_object(target: &mut Value, patch: &Value) -> Result<(), PatchError>
     strategic_merge(target, patch, root_type(&kind))
 }
 
+const SET_ORDER: &str = "$setElementOrder";
+const DELETE_PRIMITIVE: &str = "$deleteFromPrimitiveList";
+
+/// `extractKey`: the field a `$setElementOrder/<field>` or
+/// `$deleteFromPrimitiveList/<field>` key names (400 when the form is wrong).
+fn directive_field<'a>(key: &'a str, prefix: &str) -> Result<&'a str, PatchError> {
+    match key.split_once('/') {
+        Some((p, field)) if p == prefix => Ok(field),
+        _ if prefix == SET_ORDER => Err(PatchError::Malformed(
+            "invalid patch format of setElementOrder list".into(),
+        )),
+        _ => Err(PatchError::Malformed(
+            "invalid patch format of primitive list".into(),
+        )),
+    }
+}
+
+/// A stored list as `strategicpatch` sees it: a missing, null or empty list is absent
+/// (`ToUnstructured` omits empty `omitempty` slices).
+fn present_list(v: Option<&Value>) -> Option<&Vec<Value>> {
+    v.and_then(Value::as_array).filter(|a| !a.is_empty())
+}
+
+/// `mergeMap`.
 fn strategic_merge(target: &mut Value, patch: &Value, ty: Ty) -> Result<(), PatchError> {
     let Some(pm) = patch.as_object() else {
         *target = patch.clone();
         return Ok(());
     };
-    match pm.get("$patch").map(|v| v.as_str()) {
-        None | Some(Some("merge")) => {}
-        Some(Some("replace")) => {
-            let mut replaced = Value::Object(Map::new());
-            let mut rest = pm.clone();
-            rest.remove("$patch");
-            strategic_merge(&mut replaced, &Value::Object(rest), ty)?;
-            *target = replaced;
-            return Ok(());
-        }
-        Some(Some("delete")) => {
-            *target = Value::Null;
-            return Ok(());
-        }
-        Some(other) => {
-            return Err(failed(format!(
-                "unknown patch type: {} in map: {}",
-                other.unwrap_or("(not a string)"),
-                patch
-            )));
-        }
+    // `handleDirectiveInMergeMap`: replace takes the rest of the map as it is (nested
+    // directives included, not merged); delete leaves an empty map; anything else,
+    // `merge` too, is an error.
+    if let Some(d) = pm.get("$patch") {
+        return match d.as_str() {
+            Some("replace") => {
+                let mut rest = pm.clone();
+                rest.remove("$patch");
+                *target = Value::Object(rest);
+                Ok(())
+            }
+            Some("delete") => {
+                *target = Value::Object(Map::new());
+                Ok(())
+            }
+            _ => Err(failed(format!("unknown patch type: {d} in map: {patch}"))),
+        };
     }
     if !target.is_object() {
         *target = Value::Object(Map::new());
     }
-    let retain: Option<Vec<String>> = match pm.get("$retainKeys") {
-        None => None,
-        Some(Value::Array(keys)) => Some(
-            keys.iter()
-                .map(|k| {
-                    k.as_str()
-                        .map(String::from)
-                        .ok_or_else(|| failed("$retainKeys must be a list of strings"))
-                })
-                .collect::<Result<_, _>>()?,
-        ),
-        Some(_) => return Err(failed("$retainKeys must be a list of strings")),
-    };
     let tm = target.as_object_mut().expect("made an object above");
-    let mut orders: Vec<(&str, &Vec<Value>)> = Vec::new();
-    for (k, v) in pm {
-        if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
-            let remove = v
-                .as_array()
-                .ok_or_else(|| failed(format!("{k}: the value must be a list")))?;
-            if let Some(list) = tm.get_mut(field).and_then(Value::as_array_mut) {
-                list.retain(|x| !remove.contains(x));
+    // `applyRetainKeysDirective`: every key the patch sets must be retained; the stored
+    // keys not retained go before the merge.
+    if let Some(rk) = pm.get("$retainKeys") {
+        let bad = || PatchError::Malformed("invalid patch format of retainKeys".into());
+        let keep: Vec<&str> = rk
+            .as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|k| k.as_str().ok_or_else(bad))
+            .collect::<Result<_, _>>()?;
+        for (k, v) in pm {
+            if v.is_null()
+                || k == "$retainKeys"
+                || k.starts_with(DELETE_PRIMITIVE)
+                || k.starts_with(SET_ORDER)
+            {
+                continue;
             }
+            if !keep.contains(&k.as_str()) {
+                return Err(bad());
+            }
+        }
+        tm.retain(|k, _| keep.contains(&k.as_str()));
+    }
+    // `mergePatchIntoOriginal`: each list with a `$setElementOrder` is merged and ordered
+    // first, then left out of the loop below.
+    let mut done: Vec<&str> = Vec::new();
+    for (k, v) in pm.iter().filter(|(k, _)| k.starts_with(SET_ORDER)) {
+        let field = directive_field(k, SET_ORDER)?;
+        let order = v
+            .as_array()
+            .ok_or_else(|| failed(format!("{k}: the value must be a list, got {v}")))?;
+        let strategy = list_strategy(ty, field);
+        let key = strategy.key();
+        let patch_list = match pm.get(field) {
+            None => None,
+            Some(Value::Array(a)) => Some(a),
+            Some(other) => return Err(failed(format!("{field}: expected a list, got {other}"))),
+        };
+        check_order_list(patch_list.map_or(&[][..], |l| l), order, key)?;
+        let original = present_list(tm.get(field)).cloned();
+        let merged = match (&original, patch_list) {
+            (Some(o), None) => o.clone(),
+            (None, Some(p)) => match remove_directives(Value::Array(p.clone())) {
+                Some(Value::Array(a)) => a,
+                _ => Vec::new(),
+            },
+            (Some(o), Some(p)) => merge_list(o, p, strategy, field)?,
+            (None, None) => continue,
+        };
+        let (in_order, rest) = partition(merged, order, key);
+        let all = normalize_order(
+            in_order,
+            rest,
+            order,
+            original.as_deref().unwrap_or(&[]),
+            key,
+        );
+        tm.insert(field.to_string(), Value::Array(all));
+        done.push(field);
+    }
+    for (k, v) in pm {
+        if k == "$retainKeys" || k.starts_with(SET_ORDER) || done.contains(&k.as_str()) {
             continue;
         }
-        if let Some(field) = k.strip_prefix("$setElementOrder/") {
-            let order = v
-                .as_array()
-                .ok_or_else(|| failed(format!("{k}: the value must be a list")))?;
-            orders.push((field, order));
-            continue;
-        }
-        if matches!(k.as_str(), "$patch" | "$retainKeys") {
+        if k.starts_with(DELETE_PRIMITIVE) {
+            let field = directive_field(k, DELETE_PRIMITIVE)?;
+            delete_from_list(tm, field, v)?;
             continue;
         }
         if k.starts_with('$') {
-            return Err(failed(format!("unknown patch directive {k}")));
+            return Err(failed(format!(
+                "unknown patch directive {k} (this API double supports $patch, $retainKeys, $setElementOrder/<list> and $deleteFromPrimitiveList/<list>)"
+            )));
         }
         if v.is_null() {
             tm.remove(k);
             continue;
         }
+        let same_type = tm.get(k).is_some_and(|cur| {
+            json_kind(cur) == json_kind(v) && present_list(Some(cur)).is_some() == v.is_array()
+        });
+        if !same_type {
+            // Not in the stored object (or of another type): the patch's value without
+            // nulls and without any map that carries a `$patch` directive.
+            let mut fresh = v.clone();
+            discard_nulls(&mut fresh);
+            match remove_directives(fresh) {
+                Some(x) => tm.insert(k.clone(), x),
+                None => tm.remove(k),
+            };
+            continue;
+        }
         match v {
             Value::Object(_) => {
-                let slot = tm.entry(k.clone()).or_insert(Value::Null);
+                let slot = tm.get_mut(k).expect("checked above");
                 strategic_merge(slot, v, field_type(ty, k))?;
-                if slot.is_null() {
-                    tm.remove(k);
-                }
             }
             Value::Array(items) => {
-                let slot = tm.entry(k.clone()).or_insert(Value::Array(Vec::new()));
-                merge_list(slot, items, list_strategy(ty, k), k)?;
+                let cur = tm.get(k).and_then(Value::as_array).expect("checked above");
+                let merged = merge_list(cur, items, list_strategy(ty, k), k)?;
+                tm.insert(k.clone(), Value::Array(merged));
             }
             _ => {
                 tm.insert(k.clone(), v.clone());
             }
         }
     }
-    for (field, order) in orders {
-        let key = match list_strategy(ty, field) {
-            ListStrategy::MergeBy(key, _) => Some(key),
-            _ => None,
-        };
-        if let Some(list) = tm.get_mut(field).and_then(Value::as_array_mut) {
-            set_element_order(list, order, key);
-        }
+    Ok(())
+}
+
+/// The JSON kind of a value, standing in for the Go type `strategicpatch` compares.
+fn json_kind(v: &Value) -> u8 {
+    match v {
+        Value::Null => 0,
+        Value::Bool(_) => 1,
+        Value::Number(n) if n.is_f64() => 2,
+        Value::Number(_) => 3,
+        Value::String(_) => 4,
+        Value::Array(_) => 5,
+        Value::Object(_) => 6,
     }
-    if let Some(keep) = retain {
-        tm.retain(|k, _| keep.iter().any(|r| r == k));
+}
+
+/// `discardNullValuesFromPatch`: nulls in maps carry no meaning for a new value.
+fn discard_nulls(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(discard_nulls);
+        }
+        Value::Array(a) => a.iter_mut().for_each(discard_nulls),
+        _ => {}
+    }
+}
+
+/// `removeDirectives`: drops every map that carries `$patch` (None when `v` is one).
+fn remove_directives(v: Value) -> Option<Value> {
+    match v {
+        Value::Object(m) if m.contains_key("$patch") => None,
+        Value::Object(m) => Some(Value::Object(
+            m.into_iter()
+                .filter_map(|(k, x)| remove_directives(x).map(|x| (k, x)))
+                .collect(),
+        )),
+        Value::Array(a) => Some(Value::Array(
+            a.into_iter().filter_map(remove_directives).collect(),
+        )),
+        other => Some(other),
+    }
+}
+
+/// `$deleteFromPrimitiveList/<field>` (any list of primitives, with or without a merge
+/// strategy, as `mergeSliceHandler` treats delete lists since Kubernetes 1.25).
+fn delete_from_list(tm: &mut Map<String, Value>, field: &str, v: &Value) -> Result<(), PatchError> {
+    if v.is_null() {
+        tm.remove(field);
+        return Ok(());
+    }
+    let Some(cur) = tm.get(field).and_then(Value::as_array) else {
+        return Ok(());
+    };
+    let remove = v.as_array().ok_or_else(|| {
+        failed(format!(
+            "{DELETE_PRIMITIVE}/{field}: the value must be a list, got {v}"
+        ))
+    })?;
+    if cur.is_empty() && remove.is_empty() {
+        return Ok(());
+    }
+    let kind = element_kind(cur, remove, field)?;
+    if kind == json_kind(&Value::Object(Map::new())) {
+        return Err(failed(format!(
+            "{DELETE_PRIMITIVE}/{field}: {field} is a list of objects; delete its elements with {{\"$patch\": \"delete\"}} and the merge key"
+        )));
+    }
+    let kept: Vec<Value> = cur
+        .iter()
+        .filter(|x| !remove.contains(x))
+        .cloned()
+        .collect();
+    tm.insert(field.to_string(), Value::Array(kept));
+    Ok(())
+}
+
+/// `sliceElementType`: all elements of both lists have one type, not a list.
+fn element_kind(original: &[Value], patch: &[Value], field: &str) -> Result<u8, PatchError> {
+    let mut kinds = original.iter().chain(patch).map(json_kind);
+    let Some(first) = kinds.next() else {
+        return Err(failed("no elements in any of the given slices"));
+    };
+    if first == 5 {
+        return Err(failed("lists of lists are not supported"));
+    }
+    if kinds.all(|k| k == first) {
+        return Ok(first);
+    }
+    let directive = patch
+        .iter()
+        .find(|i| i.get("$patch").is_some())
+        .map(|d| {
+            format!(
+                "; {d} in {field}, a list of primitives, is not a directive kube-apiserver knows there (it answers 500 with this message): to replace the list send it whole in a JSON merge patch, to remove values use {DELETE_PRIMITIVE}/{field}"
+            )
+        })
+        .unwrap_or_default();
+    Err(failed(format!(
+        "list element types are not identical: {} and {} (list {field}){directive}",
+        Value::Array(original.to_vec()),
+        Value::Array(patch.to_vec()),
+    )))
+}
+
+/// `validatePatchWithSetOrderList`: the patch list's elements (deletions aside) appear
+/// in the `$setElementOrder` list, in its relative order.
+fn check_order_list(patch: &[Value], order: &[Value], key: Option<&str>) -> Result<(), PatchError> {
+    if patch.is_empty() || order.is_empty() {
+        return Ok(());
+    }
+    let live: Vec<&Value> = patch
+        .iter()
+        .filter(|i| key.is_none() || i.get("$patch").and_then(Value::as_str) != Some("delete"))
+        .collect();
+    let (mut p, mut o) = (0, 0);
+    while p < live.len() && o < order.len() {
+        if live[p].get("$patch").is_some() {
+            p += 1;
+            continue;
+        }
+        let equal = match key {
+            None => live[p] == &order[o],
+            Some(k) => {
+                let (a, b) = (live[p].get(k), order[o].get(k));
+                if a.is_none() || b.is_none() {
+                    return Err(no_merge_key(
+                        if a.is_none() { live[p] } else { &order[o] },
+                        k,
+                    ));
+                }
+                a == b
+            }
+        };
+        if equal {
+            p += 1;
+        }
+        o += 1;
+    }
+    if p < live.len() {
+        return Err(failed(format!(
+            "the order in patch list:\n{}\n doesn't match {SET_ORDER} list:\n{}",
+            Value::Array(patch.to_vec()),
+            Value::Array(order.to_vec())
+        )));
     }
     Ok(())
 }
 
-/// Orders `list` by `order` (`$setElementOrder`): the elements it names first, in its
-/// order, then the rest in their merged order.
-fn set_element_order(list: &mut Vec<Value>, order: &[Value], key: Option<&str>) {
-    let id = |v: &Value| -> Value {
-        match key {
-            Some(k) => v.get(k).cloned().unwrap_or(Value::Null),
-            None => v.clone(),
-        }
-    };
-    let mut rest = std::mem::take(list);
-    for o in order {
-        let want = id(o);
-        if let Some(i) = rest.iter().position(|x| id(x) == want) {
-            list.push(rest.remove(i));
-        }
-    }
-    list.extend(rest);
+fn no_merge_key(item: &Value, key: &str) -> PatchError {
+    failed(format!(
+        "map: {item} does not contain declared merge key: {key}"
+    ))
 }
 
-fn strip_directives(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => Value::Object(
-            m.iter()
-                .filter(|(k, _)| !k.starts_with('$'))
-                .map(|(k, v)| (k.clone(), strip_directives(v)))
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(strip_directives).collect()),
-        other => other.clone(),
-    }
-}
-
+/// `mergeSliceHandler` for a list present in both the object and the patch.
 fn merge_list(
-    target: &mut Value,
-    items: &[Value],
+    original: &[Value],
+    patch: &[Value],
     strategy: ListStrategy,
     field: &str,
-) -> Result<(), PatchError> {
-    // `{"$patch": "replace"}` as an element replaces the whole list with the others.
-    let replace_all = items
-        .iter()
-        .any(|i| i.get("$patch").and_then(Value::as_str) == Some("replace"));
-    match strategy {
+) -> Result<Vec<Value>, PatchError> {
+    let (key, elem) = match strategy {
         ListStrategy::Replace => {
-            *target = Value::Array(
-                items
-                    .iter()
-                    .filter(|i| i.get("$patch").is_none())
-                    .map(strip_directives)
-                    .collect(),
-            );
+            // The patch's list as it is: kube-apiserver keeps a `$patch` element as data,
+            // which fails to decode (a list of strings: 422) or decodes as an empty
+            // element (a list of objects). The double refuses it instead.
+            if let Some(d) = patch.iter().find(|i| i.get("$patch").is_some()) {
+                return Err(failed(format!(
+                    "{field} has no merge strategy, so {d} in it is not a directive but list data; this API double refuses it: send the whole list, without the $patch element"
+                )));
+            }
+            return Ok(patch.to_vec());
         }
-        ListStrategy::PrimitiveMerge => {
-            if replace_all || !target.is_array() {
-                *target = Value::Array(Vec::new());
-            }
-            let list = target.as_array_mut().expect("made an array above");
-            for i in items.iter().filter(|i| !i.is_object()) {
-                if !list.contains(i) {
-                    list.push(i.clone());
-                }
+        ListStrategy::PrimitiveMerge => (None, Ty::Other),
+        ListStrategy::MergeBy(key, elem) => (Some(key), elem),
+    };
+    if original.is_empty() && patch.is_empty() {
+        return Ok(Vec::new());
+    }
+    let kind = element_kind(original, patch, field)?;
+    if kind != json_kind(&Value::Object(Map::new())) {
+        // `mergeSlice` of scalars: a set union, then ordered.
+        let mut merged: Vec<Value> = Vec::new();
+        for v in original.iter().chain(patch) {
+            if !merged.contains(v) {
+                merged.push(v.clone());
             }
         }
-        ListStrategy::MergeBy(key, elem) => {
-            if replace_all || !target.is_array() {
-                *target = Value::Array(Vec::new());
-            }
-            let list = target.as_array_mut().expect("made an array above");
-            for item in items {
-                if item.get("$patch").and_then(Value::as_str) == Some("replace")
-                    && item.as_object().is_some_and(|m| m.len() == 1)
-                {
-                    continue;
+        let (in_patch, rest) = partition(merged, patch, None);
+        return Ok(normalize_order(in_patch, rest, patch, original, None));
+    }
+    let Some(key) = key else {
+        return Err(failed(format!(
+            "cannot merge lists without merge key for {field}"
+        )));
+    };
+    // `mergeSliceWithSpecialElements`.
+    let mut base = original.to_vec();
+    let mut plain: Vec<Value> = Vec::new();
+    let mut replace = false;
+    for item in patch {
+        match item.get("$patch") {
+            None => plain.push(item.clone()),
+            Some(d) => match d.as_str() {
+                Some("delete") => {
+                    let kv = item.get(key).ok_or_else(|| no_merge_key(item, key))?;
+                    base.retain(|x| x.get(key) != Some(kv));
                 }
-                let Some(kv) = item.get(key) else {
-                    return Err(failed(format!(
-                        "map: {item} does not contain declared merge key: {key} (list {field})"
-                    )));
-                };
-                let pos = list.iter().position(|x| x.get(key) == Some(kv));
-                let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
-                match (pos, delete) {
-                    (Some(i), true) => {
-                        list.remove(i);
-                    }
-                    (None, true) => {}
-                    (Some(i), false) => strategic_merge(&mut list[i], item, elem)?,
-                    (None, false) => {
-                        let mut fresh = Value::Object(Map::new());
-                        strategic_merge(&mut fresh, item, elem)?;
-                        list.push(fresh);
-                    }
+                Some("replace") => replace = true,
+                Some("merge") => {
+                    return Err(failed("merging lists cannot yet be specified in the patch"));
+                }
+                _ => return Err(failed(format!("unknown patch type: {d} in map: {item}"))),
+            },
+        }
+    }
+    if replace {
+        // The other elements, as they are, are the list.
+        base = std::mem::take(&mut plain);
+    }
+    // `mergeSliceWithoutSpecialElements`: merge into the element with the same key, or
+    // append the patch's element as it is.
+    let mut merged = base.clone();
+    for item in &plain {
+        let kv = item.get(key).ok_or_else(|| no_merge_key(item, key))?;
+        match merged.iter().position(|x| x.get(key) == Some(kv)) {
+            Some(i) => strategic_merge(&mut merged[i], item, elem)?,
+            None => merged.push(item.clone()),
+        }
+    }
+    for v in merged.iter().chain(&plain) {
+        if v.get(key).is_none() {
+            return Err(no_merge_key(v, key));
+        }
+    }
+    let (in_patch, rest) = partition(merged, &plain, Some(key));
+    Ok(normalize_order(in_patch, rest, &plain, &base, Some(key)))
+}
+
+/// What identifies a list element: its merge key's value, or itself for primitives.
+fn ident<'a>(v: &'a Value, key: Option<&str>) -> Option<&'a Value> {
+    match key {
+        Some(k) => v.get(k),
+        None => Some(v),
+    }
+}
+
+/// `index`: where an element with the same identity is in `list`.
+fn index_of(list: &[Value], v: &Value, key: Option<&str>) -> Option<usize> {
+    let id = ident(v, key);
+    list.iter().position(|x| ident(x, key) == id)
+}
+
+/// `partitionPrimitivesByPresentInList` / `partitionMapsByPresentInList`: the elements
+/// named in `by`, and the others, each in their current order.
+fn partition(list: Vec<Value>, by: &[Value], key: Option<&str>) -> (Vec<Value>, Vec<Value>) {
+    list.into_iter()
+        .partition(|v| index_of(by, v, key).is_some())
+}
+
+/// `normalizeElementOrder`: the patch's elements in the patch's order, the stored-only
+/// elements in the stored order, then `mergeSortedSlice`: a stored-only element goes
+/// before a patch element only when both are in the stored list and it came first
+/// there. So elements new to the list come before the stored-only ones that follow.
+fn normalize_order(
+    mut in_patch: Vec<Value>,
+    mut rest: Vec<Value>,
+    patch_order: &[Value],
+    server_order: &[Value],
+    key: Option<&str>,
+) -> Vec<Value> {
+    let by = |order: &[Value]| {
+        let order = order.to_vec();
+        move |v: &Value| index_of(&order, v, key).unwrap_or(usize::MAX)
+    };
+    in_patch.sort_by_key(by(patch_order));
+    rest.sort_by_key(by(server_order));
+    let mut out = Vec::with_capacity(in_patch.len() + rest.len());
+    let (mut left, mut right) = (rest.into_iter().peekable(), in_patch.into_iter().peekable());
+    loop {
+        match (left.peek(), right.peek()) {
+            (None, None) => break,
+            (Some(_), None) => out.extend(left.next()),
+            (None, Some(_)) => out.extend(right.next()),
+            (Some(l), Some(r)) => {
+                let li = index_of(server_order, l, key);
+                let ri = index_of(server_order, r, key);
+                let left_first = matches!((li, ri), (Some(a), Some(b)) if a < b);
+                if left_first {
+                    out.extend(left.next());
+                } else {
+                    out.extend(right.next());
                 }
             }
         }
     }
-    Ok(())
+    out
+}
+
+impl ListStrategy {
+    /// The merge key of a list merged by key.
+    fn key(self) -> Option<&'static str> {
+        match self {
+            ListStrategy::MergeBy(key, _) => Some(key),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -640,7 +913,8 @@ mod tests {
         );
         assert_eq!(out["spec"]["tolerations"], json!([{"key": "j"}]));
         assert_eq!(out["status"]["conditions"][0]["status"], "True");
-        assert_eq!(out["metadata"]["finalizers"], json!(["a", "b"]));
+        // The new finalizer goes first (`normalizeElementOrder`, see below).
+        assert_eq!(out["metadata"]["finalizers"], json!(["b", "a"]));
         assert!(out["spec"].get("$setElementOrder/containers").is_none());
     }
 
@@ -674,16 +948,17 @@ mod tests {
         let c = &out["spec"]["containers"][0];
         assert_eq!(c["ports"].as_array().unwrap().len(), 2);
         assert_eq!(c["env"].as_array().unwrap().len(), 2);
+        // New elements come before the stored ones (`mergeSortedSlice`).
         assert_eq!(
             out["status"]["podIPs"],
-            json!([{"ip": "10.0.0.1"}, {"ip": "fd00::1"}])
+            json!([{"ip": "fd00::1"}, {"ip": "10.0.0.1"}])
         );
         assert_eq!(out["status"]["hostIPs"], json!([]));
         let node = json!({"kind": "Node", "spec": {"podCIDRs": ["10.1.0.0/24"], "taints": [{"key": "a", "effect": "NoSchedule"}]}});
         let out = smp(node, json!({"spec": {"podCIDRs": ["fd00:1::/64"], "taints": [{"key": "b", "effect": "NoSchedule"}]}})).unwrap();
         assert_eq!(
             out["spec"]["podCIDRs"],
-            json!(["10.1.0.0/24", "fd00:1::/64"])
+            json!(["fd00:1::/64", "10.1.0.0/24"])
         );
         assert_eq!(
             out["spec"]["taints"],
@@ -737,7 +1012,8 @@ mod tests {
             out["spec"]["volumes"],
             json!([{"name": "v", "emptyDir": {}}])
         );
-        assert!(out["spec"].get("affinity").is_none());
+        // `handleDirectiveInMergeMap`: `$patch: delete` leaves an empty map.
+        assert_eq!(out["spec"]["affinity"], json!({}));
         assert_eq!(out["spec"]["nodeSelector"], json!({"c": "3"}));
         // `{"$patch": "replace"}` in a merging list replaces the whole list.
         let out = smp(
@@ -762,6 +1038,229 @@ mod tests {
             smp(pod, json!({"spec": {"$patch": "explode"}})),
             Err(PatchError::Failed(_))
         ));
+    }
+
+    // --- `$patch` and primitive lists (`strategicpatch/patch.go`) ---
+
+    fn failed_msg(r: Result<Value, PatchError>) -> String {
+        match r {
+            Err(PatchError::Failed(m)) => m,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    // `mergeSlice` -> `sliceElementType`: a `$patch` map inside a stored list of strings
+    // with `patchStrategy:"merge"` (finalizers, podCIDRs) is an element of another type,
+    // which kube-apiserver refuses ("list element types are not identical", a plain
+    // error: 500). The double refuses too, naming the alternatives.
+    #[test]
+    fn a_patch_directive_in_a_merged_primitive_list_is_refused() {
+        let pod = json!({"kind": "Pod", "metadata": {"finalizers": ["a/a"]}});
+        for d in ["replace", "delete", "merge"] {
+            let p = json!({"metadata": {"finalizers": ["b/b", {"$patch": d}]}});
+            let m = failed_msg(smp(pod.clone(), p));
+            assert!(m.starts_with("list element types are not identical"), "{m}");
+            assert!(m.contains("$deleteFromPrimitiveList/finalizers"), "{m}");
+        }
+        let node = json!({"kind": "Node", "spec": {"podCIDRs": ["10.0.0.0/24"]}});
+        let m = failed_msg(smp(
+            node,
+            json!({"spec": {"podCIDRs": [{"$patch": "replace"}]}}),
+        ));
+        assert!(m.contains("podCIDRs"), "{m}");
+        // Numbers among strings are another type as well.
+        let m = failed_msg(smp(pod, json!({"metadata": {"finalizers": [1]}})));
+        assert!(m.starts_with("list element types are not identical"), "{m}");
+    }
+
+    // `mergeMap` -> `removeDirectives`: a list the object does not have yet is the
+    // patch's list without the maps that carry `$patch`.
+    #[test]
+    fn a_patch_directive_in_a_list_the_object_lacks_is_dropped() {
+        let pod = json!({"kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c"}]}});
+        let out = smp(
+            pod.clone(),
+            json!({"metadata": {"finalizers": ["x/x", {"$patch": "replace"}]},
+                "spec": {"containers": [{"name": "c", "args": ["-v", {"$patch": "replace"}]}]}}),
+        )
+        .unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["x/x"]));
+        assert_eq!(out["spec"]["containers"][0]["args"], json!(["-v"]));
+        // A map that is itself a directive is not added at all.
+        let out = smp(pod, json!({"spec": {"affinity": {"$patch": "delete"}}})).unwrap();
+        assert!(out["spec"].get("affinity").is_none());
+    }
+
+    // `mergeSliceHandler`: a list without a patch strategy (`args`, `command`,
+    // tolerations, taints) is the patch's list as it is. A `$patch` map in it is list
+    // data to kube-apiserver (a list of strings then fails to decode: 422); the double
+    // refuses it with 422 naming the field.
+    #[test]
+    fn lists_without_a_strategy_are_replaced_and_refuse_patch_directives() {
+        let pod = json!({"kind": "Pod", "spec": {
+            "containers": [{"name": "c", "args": ["a", "b", "c"]}],
+            "tolerations": [{"key": "k"}]}});
+        let out = smp(
+            pod.clone(),
+            json!({"spec": {"containers": [{"name": "c", "args": ["x", "y"]}]}}),
+        )
+        .unwrap();
+        assert_eq!(out["spec"]["containers"][0]["args"], json!(["x", "y"]));
+        for d in ["replace", "delete"] {
+            let m = failed_msg(smp(
+                pod.clone(),
+                json!({"spec": {"containers": [{"name": "c", "args": ["x", {"$patch": d}]}]}}),
+            ));
+            assert!(m.starts_with("args has no merge strategy"), "{m}");
+        }
+        let m = failed_msg(smp(
+            pod,
+            json!({"spec": {"tolerations": [{"key": "j"}, {"$patch": "replace"}]}}),
+        ));
+        assert!(m.starts_with("tolerations has no merge strategy"), "{m}");
+    }
+
+    // `mergeSlice` -> `normalizeElementOrder` -> `mergeSortedSlice`: the patch's
+    // elements keep the patch's order, the stored-only ones the stored order, and a
+    // stored-only element goes first only when it came before the patch element in the
+    // stored list. Values new to the list therefore lead.
+    #[test]
+    fn merged_lists_put_new_elements_before_the_stored_ones() {
+        let with = |f: Value| json!({"kind": "Pod", "metadata": {"finalizers": f}});
+        let fin = |t: Value, p: Value| {
+            smp(with(t), json!({"metadata": {"finalizers": p}})).unwrap()["metadata"]["finalizers"]
+                .clone()
+        };
+        assert_eq!(fin(json!(["a", "b"]), json!(["c"])), json!(["c", "a", "b"]));
+        assert_eq!(
+            fin(json!(["a", "b"]), json!(["b", "c"])),
+            json!(["a", "b", "c"])
+        );
+        assert_eq!(
+            fin(json!(["a", "b"]), json!(["c", "a"])),
+            json!(["c", "a", "b"])
+        );
+        assert_eq!(fin(json!(["a", "b"]), json!(["b", "b"])), json!(["a", "b"]));
+        // The same for lists merged by key: z is new, so it leads; a came before b in
+        // the stored list, so it stays before b.
+        let pod = json!({"kind": "Pod", "spec": {"containers": [{"name": "a"}, {"name": "b"}]}});
+        let out = smp(
+            pod,
+            json!({"spec": {"containers": [{"name": "z", "image": "i"}, {"name": "b", "image": "j"}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            out["spec"]["containers"],
+            json!([{"name": "z", "image": "i"}, {"name": "a"}, {"name": "b", "image": "j"}])
+        );
+    }
+
+    // `mergePatchIntoOriginal` with `$setElementOrder/<list>`, then the
+    // `$deleteFromPrimitiveList/<list>` of the same patch (the form kubectl sends).
+    #[test]
+    fn set_element_order_and_delete_from_primitive_list_together() {
+        let pod = json!({"kind": "Pod", "metadata": {"finalizers": ["a", "b", "c"]}});
+        let out = smp(
+            pod.clone(),
+            json!({"metadata": {"$setElementOrder/finalizers": ["c", "a", "b"]}}),
+        )
+        .unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["c", "a", "b"]));
+        // An element the order list does not name keeps its stored place against the
+        // others (`mergeSortedSlice`).
+        let out = smp(
+            pod.clone(),
+            json!({"metadata": {"$setElementOrder/finalizers": ["c", "a"]}}),
+        )
+        .unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["b", "c", "a"]));
+        let out = smp(
+            pod.clone(),
+            json!({"metadata": {"$setElementOrder/finalizers": ["c", "a"],
+                "$deleteFromPrimitiveList/finalizers": ["b"]}}),
+        )
+        .unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["c", "a"]));
+        // `validatePatchWithSetOrderList`: the patch list must follow the order list.
+        let m = failed_msg(smp(
+            pod.clone(),
+            json!({"metadata": {"$setElementOrder/finalizers": ["y", "x"], "finalizers": ["x", "y"]}}),
+        ));
+        assert!(m.contains("doesn't match $setElementOrder list"), "{m}");
+        // `extractKey`: a directive key without `/<field>` is a 400.
+        assert!(matches!(
+            smp(
+                pod,
+                json!({"metadata": {"$deleteFromPrimitiveList": ["a"]}})
+            ),
+            Err(PatchError::Malformed(_))
+        ));
+        // `mergeSliceHandler` treats delete lists alike with or without a merge strategy.
+        let args =
+            json!({"kind": "Pod", "spec": {"containers": [{"name": "c", "args": ["a", "b"]}]}});
+        let out = smp(
+            args,
+            json!({"spec": {"containers": [{"name": "c", "$deleteFromPrimitiveList/args": ["a"]}]}}),
+        )
+        .unwrap();
+        assert_eq!(out["spec"]["containers"][0]["args"], json!(["b"]));
+    }
+
+    // `mergeSliceWithSpecialElements`: `{"$patch": "replace"}` makes the other elements
+    // the list as they are (not merged); `merge` and unknown values are errors.
+    #[test]
+    fn replace_in_a_keyed_list_takes_the_other_elements_as_they_are() {
+        let pod = json!({"kind": "Pod", "spec": {"containers": [
+            {"name": "a", "image": "1"}, {"name": "b"}]}});
+        let out = smp(
+            pod.clone(),
+            json!({"spec": {"containers": [{"name": "a", "args": ["x"]}, {"$patch": "replace"}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            out["spec"]["containers"],
+            json!([{"name": "a", "args": ["x"]}])
+        );
+        let m = failed_msg(smp(
+            pod.clone(),
+            json!({"spec": {"containers": [{"name": "a", "$patch": "merge"}]}}),
+        ));
+        assert_eq!(m, "merging lists cannot yet be specified in the patch");
+        let m = failed_msg(smp(
+            pod,
+            json!({"spec": {"containers": [{"name": "a", "$patch": "explode"}]}}),
+        ));
+        assert!(m.starts_with("unknown patch type: \"explode\""), "{m}");
+    }
+
+    // `handleDirectiveInMergeMap`: `$patch: replace` takes the map as it is (a nested
+    // directive is not applied), `merge` is not a map directive.
+    #[test]
+    fn map_directives_follow_handle_directive_in_merge_map() {
+        let pod = json!({"kind": "Pod", "metadata": {"labels": {"a": "1"}},
+            "spec": {"nodeSelector": {"x": "1"}}});
+        let out = smp(
+            pod.clone(),
+            json!({"spec": {"nodeSelector": {"$patch": "replace", "y": "2"}}}),
+        )
+        .unwrap();
+        assert_eq!(out["spec"]["nodeSelector"], json!({"y": "2"}));
+        let m = failed_msg(smp(
+            pod.clone(),
+            json!({"metadata": {"labels": {"$patch": "merge", "b": "2"}}}),
+        ));
+        assert!(m.starts_with("unknown patch type: \"merge\""), "{m}");
+        // `applyRetainKeysDirective`: a key the patch sets must be retained (400).
+        assert_eq!(
+            smp(
+                pod,
+                json!({"spec": {"$retainKeys": ["nodeSelector"], "hostname": "h"}})
+            ),
+            Err(PatchError::Malformed(
+                "invalid patch format of retainKeys".into()
+            ))
+        );
     }
 
     #[test]

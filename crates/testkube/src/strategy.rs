@@ -754,9 +754,17 @@ fn normalize_at(v: &mut Value, path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Immutable metadata on update (`ValidateObjectMetaUpdate`).
+/// Metadata rules of every update (`ValidateObjectMetaAccessorUpdate` in
+/// `staging/src/k8s.io/apimachinery/pkg/api/validation/objectmeta.go`), in its order:
+/// no new finalizers on an object being deleted, then the immutable fields.
 pub fn validate_meta_update(new: &Value, old: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
+    if old
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+    {
+        causes.extend(no_new_finalizers(new, old));
+    }
     // creationTimestamp and an existing deletionTimestamp were carried over; what is left
     // to refuse is setting a deletionTimestamp or grace period the object does not have.
     for field in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
@@ -770,28 +778,39 @@ pub fn validate_meta_update(new: &Value, old: &Value) -> Vec<Cause> {
             ));
         }
     }
-    if old.pointer("/metadata/deletionTimestamp").is_some() {
-        let fins = |v: &Value| -> Vec<String> {
-            v.pointer("/metadata/finalizers")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|f| f.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let old_f = fins(old);
-        for f in fins(new) {
-            if !old_f.contains(&f) {
-                causes.push(Cause::forbidden(
-                    "metadata.finalizers",
-                    &format!("no new finalizers can be added if the object is being deleted, found new finalizers [\"{f}\"]"),
-                ));
-            }
-        }
-    }
     causes
+}
+
+/// `ValidateNoNewFinalizers`: one Forbidden cause on `metadata.finalizers` listing the
+/// finalizers the update adds (a sorted set, printed as Go's `%#v` of a `[]string`).
+/// Removing finalizers, reordering them or keeping the same set is allowed.
+fn no_new_finalizers(new: &Value, old: &Value) -> Option<Cause> {
+    let fins = |v: &Value| -> std::collections::BTreeSet<String> {
+        v.pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|f| f.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let old_f = fins(old);
+    let extra: Vec<String> = fins(new)
+        .into_iter()
+        .filter(|f| !old_f.contains(f))
+        .map(|f| Value::String(f).to_string())
+        .collect();
+    if extra.is_empty() {
+        return None;
+    }
+    Some(Cause::forbidden(
+        "metadata.finalizers",
+        &format!(
+            "no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
+            extra.join(", ")
+        ),
+    ))
 }
 
 /// `PrepareForUpdate` of a main (non-status) update: the stored status is kept and the

@@ -841,6 +841,9 @@ fn an_update_may_not_start_a_deletion() {
     assert!(validate_meta_update(&nulls, &old).is_empty());
 }
 
+// `ValidateObjectMetaAccessorUpdate` -> `ValidateNoNewFinalizers`
+// (`staging/src/k8s.io/apimachinery/pkg/api/validation/objectmeta.go`): once the old
+// object has a deletionTimestamp, the new finalizers must be a subset of the old ones.
 #[test]
 fn an_object_being_deleted_takes_no_new_finalizers() {
     let old = json!({"metadata": {"name": "c", "deletionTimestamp": "2026-01-02T00:00:00Z",
@@ -848,12 +851,31 @@ fn an_object_being_deleted_takes_no_new_finalizers() {
     let mut fewer = old.clone();
     fewer["metadata"]["finalizers"] = json!(["b"]);
     assert!(validate_meta_update(&fewer, &old).is_empty());
+    let mut none = old.clone();
+    none["metadata"]["finalizers"] = Value::Null;
+    assert!(validate_meta_update(&none, &old).is_empty());
+    let mut reordered = old.clone();
+    reordered["metadata"]["finalizers"] = json!(["b", "a", "a"]);
+    assert!(validate_meta_update(&reordered, &old).is_empty());
     assert!(validate_meta_update(&old.clone(), &old).is_empty());
+    // One Forbidden cause for all the additions: a sorted set, duplicates once, worded
+    // with Go's `%#v` of the `[]string`.
     let mut more = old.clone();
-    more["metadata"]["finalizers"] = json!(["a", "c"]);
+    more["metadata"]["finalizers"] = json!(["z/z", "a", "c/c", "z/z"]);
     let causes = validate_meta_update(&more, &old);
     assert_eq!(fields(&causes), ["metadata.finalizers"]);
-    assert!(causes[0].message.contains("[\"c\"]"), "{causes:?}");
+    assert_eq!(causes[0].reason, "FieldValueForbidden");
+    assert_eq!(
+        causes[0].message,
+        r#"Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{"c/c", "z/z"}"#
+    );
+    // It comes before the immutable-field causes, as the Go function appends them.
+    more["metadata"]["deletionGracePeriodSeconds"] = json!(5);
+    let causes = validate_meta_update(&more, &old);
+    assert_eq!(
+        fields(&causes),
+        ["metadata.finalizers", "metadata.deletionGracePeriodSeconds"]
+    );
     // Before the deletion, finalizers come and go.
     let live = json!({"metadata": {"name": "c", "finalizers": ["a"]}});
     let added = json!({"metadata": {"name": "c", "finalizers": ["a", "c"]}});

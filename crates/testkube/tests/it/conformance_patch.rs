@@ -1,5 +1,6 @@
 //! PATCH content types and selectors.
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -323,4 +324,157 @@ async fn strategic_merge_patch_delete_directive_removes_only_the_named_schedulin
         kube::Error::Api(st) => assert_eq!(st.code, 422, "{st:?}"),
         other => panic!("{other}"),
     }
+}
+
+fn api_status(e: kube::Error) -> kube::core::Status {
+    match e {
+        kube::Error::Api(s) => *s,
+        other => panic!("expected an API error Status, got {other:?}"),
+    }
+}
+
+/// `ValidateObjectMetaAccessorUpdate` -> `ValidateNoNewFinalizers`
+/// (`staging/src/k8s.io/apimachinery/pkg/api/validation/objectmeta.go`): once an object
+/// is being deleted, no write may add a finalizer, whether an update or a merge,
+/// strategic or JSON patch (they all end in the same update validation); removing
+/// finalizers or keeping the set still works.
+#[tokio::test]
+async fn an_object_being_deleted_takes_no_new_finalizers_from_any_write() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let mut c = cm("held");
+    c.metadata.finalizers = Some(vec!["example.com/a".into(), "example.com/b".into()]);
+    api.create(&PostParams::default(), &c).await.unwrap();
+    api.delete("held", &Default::default()).await.unwrap();
+    let want = r#"ConfigMap "held" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{"example.com/c"}"#;
+    let check = |st: kube::core::Status| {
+        assert_eq!((st.code, st.reason.as_str()), (422, "Invalid"), "{st:?}");
+        assert_eq!(st.message, want);
+        let causes = st.details.expect("details").causes;
+        assert_eq!(causes.len(), 1, "{causes:?}");
+        assert_eq!(causes[0].field, "metadata.finalizers");
+        assert_eq!(causes[0].reason, "FieldValueForbidden");
+    };
+    let pp = PatchParams::default();
+    let merge =
+        json!({"metadata": {"finalizers": ["example.com/a", "example.com/b", "example.com/c"]}});
+    check(api_status(
+        api.patch("held", &pp, &Patch::Merge(&merge))
+            .await
+            .unwrap_err(),
+    ));
+    let strategic = json!({"metadata": {"finalizers": ["example.com/c"]}});
+    check(api_status(
+        api.patch("held", &pp, &Patch::Strategic(&strategic))
+            .await
+            .unwrap_err(),
+    ));
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/metadata/finalizers/-", "value": "example.com/c"}]))
+    .unwrap();
+    check(api_status(
+        api.patch("held", &pp, &Patch::<()>::Json(ops))
+            .await
+            .unwrap_err(),
+    ));
+    let mut put = api.get("held").await.unwrap();
+    put.metadata
+        .finalizers
+        .as_mut()
+        .unwrap()
+        .push("example.com/c".into());
+    check(api_status(
+        api.replace("held", &Default::default(), &put)
+            .await
+            .unwrap_err(),
+    ));
+    // The same set, reordered, and fewer finalizers are fine.
+    let same = json!({"metadata": {"finalizers": ["example.com/b", "example.com/a"]}});
+    api.patch("held", &pp, &Patch::Merge(&same)).await.unwrap();
+    let fewer = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["example.com/b"]}});
+    let got = api
+        .patch("held", &pp, &Patch::Strategic(&fewer))
+        .await
+        .unwrap();
+    assert_eq!(got.metadata.finalizers, Some(vec!["example.com/a".into()]));
+    assert!(got.metadata.deletion_timestamp.is_some());
+}
+
+/// `strategicpatch.mergeSlice` (`staging/src/k8s.io/apimachinery/pkg/util/strategicpatch/patch.go`):
+/// `finalizers` (`patchStrategy:"merge"`, strings) merge as a set with new values first
+/// and take `$deleteFromPrimitiveList/finalizers`; a `{"$patch": ...}` map in it is an
+/// element of another type, which kube-apiserver refuses, and so does the double. A list
+/// without a strategy (`args`) is replaced; a `$patch` map in it is refused (422).
+#[tokio::test]
+async fn strategic_merge_patch_of_primitive_lists_and_patch_directives_in_them() {
+    let s = ApiServer::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let mut c = cm("f");
+    c.metadata.finalizers = Some(vec!["example.com/a".into()]);
+    api.create(&PostParams::default(), &c).await.unwrap();
+    let pp = PatchParams::default();
+    let got = api
+        .patch(
+            "f",
+            &pp,
+            &Patch::Strategic(json!({"metadata": {"finalizers": ["example.com/b"]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        got.metadata.finalizers,
+        Some(vec!["example.com/b".into(), "example.com/a".into()])
+    );
+    for d in ["replace", "delete"] {
+        let st = api_status(
+            api.patch(
+                "f",
+                &pp,
+                &Patch::Strategic(
+                    json!({"metadata": {"finalizers": ["example.com/c", {"$patch": d}]}}),
+                ),
+            )
+            .await
+            .unwrap_err(),
+        );
+        assert_eq!(st.code, 422, "{st:?}");
+        assert!(
+            st.message
+                .starts_with("list element types are not identical")
+                && st.message.contains("$deleteFromPrimitiveList/finalizers"),
+            "{}",
+            st.message
+        );
+    }
+    // Nothing was stored by the refused patches.
+    let now = api.get("f").await.unwrap();
+    assert_eq!(now.metadata.finalizers, got.metadata.finalizers);
+    assert_eq!(now.metadata.resource_version, got.metadata.resource_version);
+
+    // A pod's args are immutable; a Deployment's pod template takes the same patch.
+    let deps: Api<Deployment> = Api::namespaced(s.client(), "default");
+    let d: Deployment = serde_json::from_value(json!({"metadata": {"name": "argv"},
+        "spec": {"selector": {"matchLabels": {"app": "a"}},
+            "template": {"metadata": {"labels": {"app": "a"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox:1.36", "args": ["-a", "-b"]}]}}}}))
+    .unwrap();
+    deps.create(&PostParams::default(), &d).await.unwrap();
+    let args = |a: serde_json::Value| {
+        Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "c", "args": a}]}}}}))
+    };
+    let st = api_status(
+        deps.patch("argv", &pp, &args(json!(["-x", {"$patch": "replace"}])))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(st.code, 422, "{st:?}");
+    assert!(
+        st.message.starts_with("args has no merge strategy"),
+        "{}",
+        st.message
+    );
+    let got = deps.patch("argv", &pp, &args(json!(["-x"]))).await.unwrap();
+    let spec = got.spec.unwrap().template.spec.unwrap();
+    assert_eq!(spec.containers[0].args, Some(vec!["-x".to_string()]));
 }
