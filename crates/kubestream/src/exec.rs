@@ -930,7 +930,11 @@ mod tests {
         let (by_stream, mut ended) = spdy_collect(&mut conn).await;
         session.await.unwrap().unwrap();
         ended.sort_unstable();
-        assert_eq!(ended, [1, 5, 7], "every stream the server writes ends with FIN");
+        assert_eq!(
+            ended,
+            [1, 5, 7],
+            "every stream the server writes ends with FIN"
+        );
         assert_eq!(by_stream[&5], b"HI");
         assert_eq!(by_stream[&7], b"E");
         let s: serde_json::Value = serde_json::from_slice(&by_stream[&1]).unwrap();

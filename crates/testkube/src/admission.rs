@@ -845,4 +845,253 @@ mod tests {
         );
         assert!(causes.is_empty(), "{causes:?}");
     }
+
+    /// A store holding one policy (`spec` as given, bound with Deny) and `extra` policies
+    /// each with their own binding.
+    fn store_with(policies: &[(&str, Value)]) -> crate::store::Store {
+        let store = crate::store::Store::new(100);
+        {
+            let mut g = store.lock();
+            let p_res = res_index(crate::resources::find(GROUP, "v1", POLICIES).unwrap());
+            let b_res = res_index(crate::resources::find(GROUP, "v1", BINDINGS).unwrap());
+            for (name, spec) in policies {
+                let mut policy = json!({"metadata": {"name": name}, "spec": spec});
+                default_policy(&mut policy);
+                g.put(p_res, policy);
+                g.put(
+                    b_res,
+                    json!({"metadata": {"name": format!("{name}-binding")},
+                           "spec": {"policyName": name, "validationActions": ["Deny"]}}),
+                );
+            }
+        }
+        store
+    }
+
+    /// A policy on Lease writes (CREATE and UPDATE) with these validations.
+    fn lease_policy(validations: Value) -> Value {
+        json!({"matchConstraints": {"resourceRules": [rule(&["CREATE", "UPDATE"], &["leases"], &[])]},
+               "validations": validations})
+    }
+
+    fn lease(holder: &str) -> Value {
+        json!({"metadata": {"name": "fence", "namespace": "kube-system"},
+               "spec": {"holderIdentity": holder}})
+    }
+
+    fn admit_lease(
+        store: &crate::store::Store,
+        op: Operation,
+        object: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        admit(&store.lock(), &lease_request(None), op, object, old)
+    }
+
+    #[test]
+    fn a_matching_policy_denies_naming_policy_and_binding_and_others_do_not() {
+        let deny_all = lease_policy(json!([{"expression": "false", "message": "no leases"}]));
+        let store = store_with(&[("leases-off", deny_all.clone())]);
+        let err = admit_lease(&store, Operation::Create, &lease("a"), None).unwrap_err();
+        assert_eq!((err.code, err.reason), (422, "Invalid"));
+        assert_eq!(
+            err.message,
+            "ValidatingAdmissionPolicy 'leases-off' with binding 'leases-off-binding' denied request: no leases"
+        );
+        // The same policy on pods does not touch a Lease.
+        let mut pods_only = deny_all;
+        pods_only["matchConstraints"]["resourceRules"] = json!([rule(&["CREATE"], &["pods"], &[])]);
+        let store = store_with(&[("pods-off", pods_only)]);
+        assert!(admit_lease(&store, Operation::Create, &lease("a"), None).is_ok());
+        // A passing policy lets it through.
+        let store = store_with(&[("ok", lease_policy(json!([{"expression": "true"}])))]);
+        assert!(admit_lease(&store, Operation::Update, &lease("a"), Some(&lease("b"))).is_ok());
+    }
+
+    #[test]
+    fn expressions_see_the_request_the_object_and_the_old_object() {
+        let policy = lease_policy(json!([
+            {"expression": "request.operation == 'UPDATE' || oldObject == null", "message": "op"},
+            {"expression": "request.userInfo.username == 'u' && 'g' in request.userInfo.groups", "message": "user"},
+            {"expression": "request.namespace == 'kube-system' && request.name == 'fence'", "message": "where"},
+            {"expression": "request.resource.resource == 'leases' && request.kind.kind == 'Lease'", "message": "what"},
+            {"expression": "oldObject == null || object.spec.holderIdentity != oldObject.spec.holderIdentity", "message": "same holder"},
+        ]));
+        let store = store_with(&[("p", policy)]);
+        assert!(admit_lease(&store, Operation::Create, &lease("a"), None).is_ok());
+        assert!(admit_lease(&store, Operation::Update, &lease("a"), Some(&lease("b"))).is_ok());
+        let err =
+            admit_lease(&store, Operation::Update, &lease("a"), Some(&lease("a"))).unwrap_err();
+        assert!(err.message.ends_with(": same holder"), "{}", err.message);
+    }
+
+    #[test]
+    fn the_validation_reason_chooses_the_status_code() {
+        for (reason, code, want) in [
+            ("Unauthorized", 401, "Unauthorized"),
+            ("Forbidden", 403, "Forbidden"),
+            ("RequestEntityTooLarge", 413, "RequestEntityTooLarge"),
+            ("Invalid", 422, "Invalid"),
+        ] {
+            let store = store_with(&[(
+                "p",
+                lease_policy(json!([{"expression": "false", "reason": reason}])),
+            )]);
+            let err = admit_lease(&store, Operation::Create, &lease("a"), None).unwrap_err();
+            assert_eq!((err.code, err.reason), (code, want), "{reason}");
+        }
+    }
+
+    #[test]
+    fn the_message_comes_from_message_expression_then_message_then_the_expression() {
+        let deny = |v: Value| {
+            let store = store_with(&[("p", lease_policy(json!([v])))]);
+            let err = admit_lease(&store, Operation::Create, &lease("a"), None).unwrap_err();
+            err.message
+                .rsplit_once("denied request: ")
+                .map(|(_, m)| m.to_string())
+                .unwrap()
+        };
+        assert_eq!(
+            deny(
+                json!({"expression": "false", "messageExpression": "'held by ' + object.spec.holderIdentity", "message": "m"})
+            ),
+            "held by a"
+        );
+        // A blank messageExpression result falls back to the message.
+        assert_eq!(
+            deny(json!({"expression": "false", "messageExpression": "'  '", "message": "m"})),
+            "m"
+        );
+        // An empty message falls back to naming the expression.
+        assert_eq!(
+            deny(json!({"expression": "1 == 2", "message": ""})),
+            "failed expression: 1 == 2"
+        );
+    }
+
+    #[test]
+    fn the_failure_policy_decides_what_an_expression_error_does() {
+        // `object.spec.renewTime` is missing: evaluating it is an error, never false.
+        let erroring = json!([{"expression": "object.spec.renewTime == 'x'"}]);
+        let condition_erroring =
+            json!([{"name": "c", "expression": "object.spec.renewTime == 'x'"}]);
+        for (failure, denied) in [("Fail", true), ("Ignore", false)] {
+            let mut p = lease_policy(erroring.clone());
+            p["failurePolicy"] = json!(failure);
+            let store = store_with(&[("p", p)]);
+            let r = admit_lease(&store, Operation::Create, &lease("a"), None);
+            assert_eq!(
+                r.is_err(),
+                denied,
+                "validation error under {failure}: {r:?}"
+            );
+            if let Err(e) = r {
+                assert!(e.message.contains("resulted in error"), "{}", e.message);
+            }
+            // A match condition that errors: denied under Fail, the policy skipped under
+            // Ignore (its failing validation then never runs).
+            let mut p = lease_policy(json!([{"expression": "false"}]));
+            p["failurePolicy"] = json!(failure);
+            p["matchConditions"] = condition_erroring.clone();
+            let store = store_with(&[("p", p)]);
+            let r = admit_lease(&store, Operation::Create, &lease("a"), None);
+            assert_eq!(r.is_err(), denied, "condition error under {failure}: {r:?}");
+            if let Err(e) = r {
+                assert!(e.message.contains("resulted in error"), "{}", e.message);
+            }
+        }
+    }
+
+    #[test]
+    fn a_false_match_condition_skips_the_policy_and_a_true_one_applies_it() {
+        for (condition, denied) in [("object.spec.holderIdentity == 'x'", false), ("true", true)] {
+            let mut p = lease_policy(json!([{"expression": "false"}]));
+            p["matchConditions"] = json!([{"name": "c", "expression": condition}]);
+            let store = store_with(&[("p", p)]);
+            let r = admit_lease(&store, Operation::Create, &lease("a"), None);
+            assert_eq!(r.is_err(), denied, "{condition}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn a_namespaced_scope_does_not_match_a_cluster_scoped_resource() {
+        let nodes = crate::resources::find("", "v1", "nodes").unwrap();
+        let mut req = lease_request(None);
+        req.res = nodes;
+        req.ns = None;
+        let mut r = json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                           "resources": ["nodes"]});
+        for (scope, want) in [("Namespaced", false), ("Cluster", true), ("*", true)] {
+            r["scope"] = json!(scope);
+            assert_eq!(
+                rule_matches(&r, &req, Operation::Create, "n1"),
+                want,
+                "{scope}"
+            );
+        }
+    }
+
+    #[test]
+    fn policy_validation_catches_bad_scopes_reasons_expressions_rules_and_duplicates() {
+        let base = json!({"metadata": {"name": "p"}, "spec": lease_policy(json!([{"expression": "true"}]))});
+        let fields = |edit: &dyn Fn(&mut Value)| -> Vec<String> {
+            let mut p = base.clone();
+            edit(&mut p);
+            let mut causes = Vec::new();
+            validate_policy(&p, &mut causes);
+            causes.into_iter().map(|c| c.field).collect()
+        };
+        assert!(fields(&|_| {}).is_empty());
+        let scope = "spec.matchConstraints.resourceRules[0].scope";
+        assert_eq!(
+            fields(
+                &|p| p["spec"]["matchConstraints"]["resourceRules"][0]["scope"] =
+                    json!("Everywhere")
+            ),
+            [scope]
+        );
+        assert!(
+            fields(
+                &|p| p["spec"]["matchConstraints"]["resourceRules"][0]["scope"] =
+                    json!("Namespaced")
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            fields(&|p| p["spec"]["validations"][0]["reason"] = json!("Teapot")),
+            ["spec.validations[0].reason"]
+        );
+        assert_eq!(
+            fields(&|p| p["spec"]["validations"][0]["expression"] = json!("")),
+            ["spec.validations[0].expression"]
+        );
+        assert_eq!(
+            fields(&|p| p["spec"]["validations"][0]["expression"] = json!("1 +")),
+            ["spec.validations[0].expression"]
+        );
+        assert_eq!(
+            fields(&|p| p["spec"]["matchConstraints"]["resourceRules"] = json!([])),
+            ["spec.matchConstraints.resourceRules"]
+        );
+        let twice =
+            json!([{"name": "a", "expression": "true"}, {"name": "a", "expression": "true"}]);
+        assert_eq!(
+            fields(&|p| p["spec"]["matchConditions"] = twice.clone()),
+            ["spec.matchConditions[1].name"]
+        );
+        let two = json!([{"name": "a", "expression": "true"}, {"name": "b", "expression": "true"}]);
+        assert!(fields(&|p| p["spec"]["matchConditions"] = two.clone()).is_empty());
+    }
+
+    #[test]
+    fn variables_inside_map_and_message_literals_are_found() {
+        assert!(compile("{'k': object.spec.x}.k == 1").is_ok());
+        let e = compile("{'k': params.x}.k == 1").err().unwrap_or_default();
+        assert!(e.contains("params"), "{e}");
+        let e = compile("{params.x: 1}.size() == 1")
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("params"), "{e}");
+    }
 }
