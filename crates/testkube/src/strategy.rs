@@ -695,6 +695,8 @@ const TIME_FIELDS: &[&str] = &[
     "timeAdded",
     "firstTimestamp",
     "lastTimestamp",
+    "deprecatedFirstTimestamp",
+    "deprecatedLastTimestamp",
     "expirationTimestamp",
 ];
 
