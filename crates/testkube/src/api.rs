@@ -248,7 +248,11 @@ pub fn create(st: &State, req: &Request) -> Reply {
         ));
     }
     let name = meta_str(&obj, "name").unwrap_or("").to_string();
-    let causes = strategy::validate(req.res, &obj);
+    let mut causes = strategy::validate(req.res, &obj);
+    if crate::convert::is_event(req.res) {
+        let stored = to_storage(req.res, obj.clone());
+        causes.extend(strategy::validate_event(req.res, &stored, None));
+    }
     if !causes.is_empty() {
         return Err(ApiError::invalid(req.res, &name, &causes));
     }
@@ -676,6 +680,17 @@ fn write_update(
     }
     causes.extend(strategy::validate(req.res, &new));
     causes.extend(strategy::validate_kind_update(req.res, &new, existing));
+    if crate::convert::is_event(req.res) {
+        let (stored_new, stored_old) = (
+            to_storage(req.res, new.clone()),
+            to_storage(req.res, (**existing).clone()),
+        );
+        causes.extend(strategy::validate_event(
+            req.res,
+            &stored_new,
+            Some(&stored_old),
+        ));
+    }
     if req.res.plural == "pods" && !status_write {
         causes.extend(strategy::validate_pod_update(&new, existing));
     }

@@ -32,6 +32,11 @@ const RENAMED: &[(&str, &str)] = &[
     ("reportingComponent", "reportingController"),
 ];
 
+/// Whether `res` is Events in either group.
+pub fn is_event(res: &Resource) -> bool {
+    res.plural == "events" && (res.group.is_empty() || res.group == "events.k8s.io")
+}
+
 /// Whether `res` is served from another resource's storage (events.k8s.io/v1 Events).
 pub fn is_events_v1(res: &Resource) -> bool {
     res.group == "events.k8s.io" && res.plural == "events"

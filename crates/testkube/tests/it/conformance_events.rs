@@ -331,3 +331,63 @@ async fn event_field_selectors_follow_each_groups_labels() {
     );
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn events_k8s_io_writes_follow_its_strict_validation() {
+    let s = ApiServer::start().await.unwrap();
+    let ev: Api<EventsV1> = Api::namespaced(s.client(), "default");
+    // events.k8s.io/v1 needs eventTime, the reporter, an action (ValidateEventCreate).
+    let bare: EventsV1 = serde_json::from_value(json!({
+        "metadata": {"name": "bare"}, "reason": "Started", "type": "Normal",
+        "regarding": {"kind": "Node", "name": "n1"}
+    }))
+    .unwrap();
+    let err = ev.create(&PostParams::default(), &bare).await.unwrap_err();
+    let kube::Error::Api(st) = &err else {
+        panic!("expected a Status, got {err:?}")
+    };
+    assert_eq!(st.code, 422, "{st:?}");
+    let causes: Vec<String> = st
+        .details
+        .as_ref()
+        .unwrap()
+        .causes
+        .iter()
+        .map(|c| c.field.clone())
+        .collect();
+    assert_eq!(causes, ["eventTime"], "{st:?}");
+    // The same body through core v1 passes (legacy rules only).
+    let core: Api<CoreEvent> = Api::namespaced(s.client(), "default");
+    let legacy: CoreEvent = serde_json::from_value(json!({
+        "metadata": {"name": "bare"}, "reason": "Started", "type": "Normal",
+        "involvedObject": {"kind": "Node", "name": "n1"}
+    }))
+    .unwrap();
+    core.create(&PostParams::default(), &legacy).await.unwrap();
+    // Through events.k8s.io/v1 only series and metadata may change; core v1 may change
+    // the message.
+    let err = ev
+        .patch(
+            "bare",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"note": "changed"})),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(st) if st.code == 422
+            && st.message.contains("message: Invalid value")
+            && st.message.contains("field is immutable")),
+        "{err:?}"
+    );
+    let changed = core
+        .patch(
+            "bare",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"message": "changed"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(changed.message.as_deref(), Some("changed"));
+    s.shutdown().await;
+}
