@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::auth;
 use crate::body::{Body, full};
+use crate::convert::{to_served, to_storage};
 use crate::patch::{self, PatchError, PatchKind};
 use crate::resources::{RESOURCES, Resource, find};
 use crate::selector::{FieldSelector, LabelSelector};
@@ -247,7 +248,11 @@ pub fn create(st: &State, req: &Request) -> Reply {
         ));
     }
     let name = meta_str(&obj, "name").unwrap_or("").to_string();
-    let causes = strategy::validate(req.res, &obj);
+    let mut causes = strategy::validate(req.res, &obj);
+    if crate::convert::is_event(req.res) {
+        let stored = to_storage(req.res, obj.clone());
+        causes.extend(strategy::validate_event(req.res, &stored, None));
+    }
     if !causes.is_empty() {
         return Err(ApiError::invalid(req.res, &name, &causes));
     }
@@ -286,14 +291,14 @@ pub fn create(st: &State, req: &Request) -> Reply {
                 .pointer("/metadata/ownerReferences")
                 .and_then(Value::as_array)
                 .is_some_and(|a| !a.is_empty());
-            let s = g.put(idx, obj);
+            let s = g.put(idx, to_storage(req.res, obj));
             drop(g);
             st.notify();
             if owned {
                 // The collector sees new dependents at once (its informers would).
                 st.kick_gc();
             }
-            s
+            to_served(req.res, s)
         }
     };
     Ok(warned(201, &stored, &warnings))
@@ -343,7 +348,11 @@ fn scope(req: &Request) -> (String, String) {
 /// GET one object (or its status subresource).
 pub fn get(st: &State, req: &Request) -> Reply {
     let (ns, name) = scope(req);
-    let obj = st.store.lock().get(res_index(req.res), &ns, &name);
+    let obj = st
+        .store
+        .lock()
+        .get(res_index(req.res), &ns, &name)
+        .map(|o| to_served(req.res, o));
     match (obj, req.table()) {
         (Some(o), Some(include)) => {
             let meta = json!({"resourceVersion": o.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)});
@@ -368,9 +377,9 @@ fn parse_rv(s: &str) -> Result<u64, ApiError> {
 fn selectors(req: &Request) -> Result<(LabelSelector, FieldSelector), ApiError> {
     let labels = LabelSelector::parse(req.query.get("labelSelector").map_or("", String::as_str))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let fields = FieldSelector::parse(
+    let fields = FieldSelector::parse_for(
         req.query.get("fieldSelector").map_or("", String::as_str),
-        req.res.plural,
+        req.res,
     )
     .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok((labels, fields))
@@ -456,6 +465,7 @@ pub fn list(st: &State, req: &Request) -> Reply {
     };
     drop(g);
     let field_name = fields.required("metadata.name").map(String::from);
+    // Selection runs on the stored form (selector labels are converted to its fields).
     let mut selected = items
         .into_iter()
         .filter(|o| {
@@ -489,6 +499,7 @@ pub fn list(st: &State, req: &Request) -> Reply {
     } else {
         out.extend(selected);
     }
+    let out: Vec<Arc<Value>> = out.into_iter().map(|o| to_served(req.res, o)).collect();
     let mut meta = json!({"resourceVersion": list_rv.to_string()});
     if let Some((token, remaining)) = next {
         meta["continue"] = json!(token);
@@ -565,6 +576,7 @@ pub fn watch(st: &State, req: &Request, drop_after_backlog: bool) -> Reply {
     }
     let spec = WatchSpec {
         res: res_index(req.res),
+        served: req.res,
         namespace: ns.filter(|n| !n.is_empty()),
         labels,
         fields,
@@ -620,7 +632,7 @@ fn check_preconditions(
 }
 
 /// The shared tail of update and patch: validate `new` against the stored object and
-/// store it. Returns the stored object, or the object as it was when it was removed
+/// store it. `existing` and `new` are in the form `req.res` serves, and so is the answer. Returns the stored object, or the object as it was when it was removed
 /// because its last finalizer went.
 fn write_update(
     req: &Request,
@@ -668,6 +680,17 @@ fn write_update(
     }
     causes.extend(strategy::validate(req.res, &new));
     causes.extend(strategy::validate_kind_update(req.res, &new, existing));
+    if crate::convert::is_event(req.res) {
+        let (stored_new, stored_old) = (
+            to_storage(req.res, new.clone()),
+            to_storage(req.res, (**existing).clone()),
+        );
+        causes.extend(strategy::validate_event(
+            req.res,
+            &stored_new,
+            Some(&stored_old),
+        ));
+    }
     if req.res.plural == "pods" && !status_write {
         causes.extend(strategy::validate_pod_update(&new, existing));
     }
@@ -699,10 +722,14 @@ fn write_update(
     }
     let idx = res_index(req.res);
     if strategy::should_remove_after_update(&new) {
-        let gone = g.remove(idx, &ns, &name).unwrap_or_else(|| Arc::new(new));
+        let gone = match g.remove(idx, &ns, &name) {
+            Some(o) => to_served(req.res, o),
+            None => Arc::new(new),
+        };
         return Ok((200, gone, warnings));
     }
-    Ok((200, g.put(idx, new), warnings))
+    let stored = g.put(idx, to_storage(req.res, new));
+    Ok((200, to_served(req.res, stored), warnings))
 }
 
 /// PUT.
@@ -716,6 +743,7 @@ pub fn update(st: &State, req: &Request) -> Reply {
             drop(g);
             return create_on_update(st, req, new, &name);
         };
+        let existing = to_served(req.res, existing);
         if !allows_unconditional_update(req.res)
             && meta_str(&new, "resourceVersion").is_none_or(str::is_empty)
         {
@@ -817,6 +845,8 @@ pub fn patch(st: &State, req: &Request) -> Reply {
         let Some(existing) = g.get(idx, &ns, &name) else {
             return Err(ApiError::not_found(req.res, &name));
         };
+        // The patch applies to the object as this API version serves it.
+        let existing = to_served(req.res, existing);
         let patched = patch::apply(kind, &existing, &req.body).map_err(|e| match e {
             PatchError::Malformed(m) => ApiError::bad_request(m),
             PatchError::Failed(m) => ApiError::new(422, "Invalid", m),
@@ -995,6 +1025,7 @@ pub fn delete(st: &State, req: &Request) -> Reply {
     };
     st.notify();
     st.kick_gc();
+    let obj = to_served(req.res, obj);
     if !removed {
         // `handlers/delete.go`: 200 with the object still there (graceful or held by a
         // finalizer); 202 only when the caller set `orphanDependents: false`.
@@ -1139,7 +1170,7 @@ pub fn delete_collection(st: &State, req: &Request) -> Reply {
                 opts.propagation.as_deref(),
                 opts.dry_run,
             )?;
-            items.push((*obj).clone());
+            items.push((*to_served(req.res, obj)).clone());
         }
         g.rv()
     };
@@ -1153,8 +1184,11 @@ pub fn delete_collection(st: &State, req: &Request) -> Reply {
 }
 
 /// The resources whose objects live in namespaces (for the namespace controller).
+/// Each storage once: events.k8s.io/v1 Events are the core ones.
 pub fn namespaced_resources() -> impl Iterator<Item = &'static Resource> {
-    RESOURCES.iter().filter(|r| r.namespaced && !r.create_only)
+    RESOURCES
+        .iter()
+        .filter(|r| r.namespaced && !r.create_only && crate::resources::storage(r) == *r)
 }
 
 /// A fresh object for seeding the store (default namespaces).

@@ -16,7 +16,8 @@
 //! decoder; [`fixtures`] holds test helpers the project's suites share.
 //!
 //! Modules by concern: [`server`] (builder, listener, routing, controllers), [`store`] (objects,
-//! resourceVersions, the event window), [`resources`] (the served kinds), [`strategy`]
+//! resourceVersions, the event window), [`resources`] (the served kinds; events.k8s.io/v1
+//! Events are the core v1 ones, converted by [`convert`]), [`strategy`]
 //! (what create/update/delete do to objects), [`patch`], [`selector`], [`watch`], [`gc`],
 //! [`auth`], [`faults`], [`discovery`], [`kubeconfig`], [`tls`], [`table`] (server-side
 //! printing for kubectl), [`protobuf`] (the request bodies kubectl 1.32+ sends), and the
@@ -27,6 +28,7 @@ mod api;
 pub mod auth;
 pub mod body;
 pub mod bootstrap;
+pub mod convert;
 pub mod discovery;
 pub mod faults;
 pub mod fixtures;

@@ -156,6 +156,7 @@ pub static RESOURCES: &[Resource] = &[
         ..res("", "v1", "Event", "events", "event", true, false)
     },
     // kube-rs's event Recorder writes events.k8s.io/v1; kubectl reads core/v1 events.
+    // Both are one resource, stored as core v1 Events ([`storage`], [`crate::convert`]).
     res(
         "events.k8s.io",
         "v1",
@@ -326,6 +327,16 @@ pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resourc
         .find(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
+/// The resource whose storage `res` is served from: core v1 Events for events.k8s.io/v1
+/// Events (kube-apiserver serves both from one event store), `res` itself otherwise.
+pub fn storage(res: &'static Resource) -> &'static Resource {
+    if crate::convert::is_events_v1(res) {
+        find("", "v1", "events").expect("core events are served")
+    } else {
+        res
+    }
+}
+
 /// Looks a resource up by kind (for owner references, which name kinds).
 pub fn find_kind(api_version: &str, kind: &str) -> Option<&'static Resource> {
     RESOURCES
@@ -381,6 +392,14 @@ mod tests {
             find_kind("apps/v1", "DaemonSet").unwrap().plural,
             "daemonsets"
         );
+    }
+
+    #[test]
+    fn both_event_groups_share_core_storage() {
+        let core = find("", "v1", "events").unwrap();
+        let ev = find("events.k8s.io", "v1", "events").unwrap();
+        assert_eq!(storage(ev), core);
+        assert_eq!(storage(core), core);
     }
 
     #[test]

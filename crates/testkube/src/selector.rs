@@ -215,6 +215,30 @@ pub fn supported_fields(plural: &str) -> &'static [&'static str] {
 impl FieldSelector {
     /// Parses the `fieldSelector` query parameter for a resource.
     pub fn parse(s: &str, plural: &str) -> Result<Self, SelectorError> {
+        Self::parse_labels(s, |field| {
+            (field == "metadata.name"
+                || field == "metadata.namespace"
+                || supported_fields(plural).contains(&field))
+            .then(|| field.to_string())
+        })
+    }
+
+    /// Parses the `fieldSelector` query parameter for a served resource, its labels
+    /// converted to the fields of the stored form (events.k8s.io/v1 Events select by
+    /// `regarding.*` and `reportingController`, matched against core v1 Events).
+    pub fn parse_for(s: &str, res: &crate::resources::Resource) -> Result<Self, SelectorError> {
+        if crate::convert::is_events_v1(res) {
+            Self::parse_labels(s, crate::convert::events_v1_field_label)
+        } else {
+            Self::parse(s, res.plural)
+        }
+    }
+
+    /// Parses with `convert` naming the stored field of each label (None: unsupported).
+    fn parse_labels(
+        s: &str,
+        convert: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, SelectorError> {
         let mut reqs = Vec::new();
         if s.trim().is_empty() {
             return Ok(Self(reqs));
@@ -233,14 +257,11 @@ impl FieldSelector {
                 )));
             };
             let field = field.trim();
-            if field != "metadata.name"
-                && field != "metadata.namespace"
-                && !supported_fields(plural).contains(&field)
-            {
+            let Some(field) = convert(field) else {
                 return Err(SelectorError::UnsupportedField(field.to_string()));
-            }
+            };
             reqs.push(FieldReq {
-                field: field.to_string(),
+                field,
                 value: value.trim().to_string(),
                 negate,
             });
@@ -273,11 +294,17 @@ impl FieldSelector {
 }
 
 fn field_value(obj: &Value, field: &str) -> String {
-    let path = if field == "source" {
-        "/source/component".to_string()
-    } else {
-        format!("/{}", field.replace('.', "/"))
-    };
+    if field == "source" {
+        // `ToSelectableFields` in `pkg/registry/core/event/strategy.go`: the source
+        // component, else the reporting controller (core v1 `reportingComponent`).
+        let component = obj.pointer("/source/component").and_then(Value::as_str);
+        return component
+            .filter(|c| !c.is_empty())
+            .or_else(|| obj.get("reportingComponent").and_then(Value::as_str))
+            .unwrap_or("")
+            .to_string();
+    }
+    let path = format!("/{}", field.replace('.', "/"));
     match obj.pointer(&path) {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Bool(b)) => b.to_string(),
@@ -366,6 +393,52 @@ mod tests {
                 .unwrap()
                 .matches(&unscheduled)
         );
+    }
+
+    #[test]
+    fn event_field_selectors_per_group() {
+        let core = crate::resources::find("", "v1", "events").unwrap();
+        let ev = crate::resources::find("events.k8s.io", "v1", "events").unwrap();
+        let stored = serde_json::json!({"metadata": {"name": "e"},
+            "involvedObject": {"kind": "Pod", "name": "p"},
+            "reportingComponent": "example.com/ctl", "type": "Normal"});
+        // events.k8s.io/v1 labels select core fields.
+        let s = FieldSelector::parse_for(
+            "regarding.name=p,reportingController=example.com/ctl,type=Normal",
+            ev,
+        )
+        .unwrap();
+        assert!(s.matches(&stored));
+        assert!(
+            !FieldSelector::parse_for("regarding.name=q", ev)
+                .unwrap()
+                .matches(&stored)
+        );
+        assert!(
+            FieldSelector::parse_for(
+                "involvedObject.name=p,reportingComponent=example.com/ctl",
+                core
+            )
+            .unwrap()
+            .matches(&stored)
+        );
+        // Each group refuses the other's spellings.
+        assert_eq!(
+            FieldSelector::parse_for("involvedObject.name=p", ev).unwrap_err(),
+            SelectorError::UnsupportedField("involvedObject.name".into())
+        );
+        assert_eq!(
+            FieldSelector::parse_for("regarding.name=p", core).unwrap_err(),
+            SelectorError::UnsupportedField("regarding.name".into())
+        );
+        // `source` falls back to the reporting controller when there is no source.
+        for res in [core, ev] {
+            assert!(
+                FieldSelector::parse_for("source=example.com/ctl", res)
+                    .unwrap()
+                    .matches(&stored)
+            );
+        }
     }
 
     #[test]

@@ -168,11 +168,18 @@ pub struct Store {
     changed: tokio::sync::watch::Sender<u64>,
 }
 
-/// The index of a resource in [`RESOURCES`].
+/// The index of the storage of a resource in [`RESOURCES`]: its own, or for a resource
+/// served from another's storage (events.k8s.io/v1 Events) that one's
+/// ([`crate::resources::storage`]).
 pub fn res_index(res: &Resource) -> usize {
-    RESOURCES
+    let i = RESOURCES
         .iter()
         .position(|r| r == res)
+        .expect("resources come from the table");
+    let stored = crate::resources::storage(&RESOURCES[i]);
+    RESOURCES
+        .iter()
+        .position(|r| r == stored)
         .expect("resources come from the table")
 }
 

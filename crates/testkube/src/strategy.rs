@@ -695,6 +695,8 @@ const TIME_FIELDS: &[&str] = &[
     "timeAdded",
     "firstTimestamp",
     "lastTimestamp",
+    "deprecatedFirstTimestamp",
+    "deprecatedLastTimestamp",
     "expirationTimestamp",
 ];
 
@@ -1150,3 +1152,182 @@ mod tests {
 
 #[cfg(test)]
 mod apiserver_rules;
+
+/// Event validation (`ValidateEventCreate` / `ValidateEventUpdate` and
+/// `legacyValidateEvent` in `pkg/apis/core/validation/events.go`), on the stored (core
+/// v1) form of `new` and `old`. Every Event passes the legacy rules; a write through
+/// events.k8s.io/v1 (`res`) also the strict ones. Field paths name the internal fields
+/// (`involvedObject`, `message`, `reportingController`, `count`, ...), whichever group
+/// was written through, as kube-apiserver's do. Empty for other kinds.
+pub fn validate_event(res: &Resource, new: &Value, old: Option<&Value>) -> Vec<Cause> {
+    if !crate::convert::is_event(res) {
+        return Vec::new();
+    }
+    let mut causes = legacy_event_causes(new);
+    if !crate::convert::is_events_v1(res) {
+        return causes;
+    }
+    match old {
+        None => {
+            causes.extend(event_series_causes(new));
+            if is_unset(new.get("eventTime")) {
+                causes.push(Cause::required("eventTime", ""));
+            }
+            let ty = str_at(new, "/type").unwrap_or("");
+            if ty != "Normal" && ty != "Warning" {
+                causes.push(Cause::invalid(
+                    "type",
+                    &json!(""),
+                    &format!("has invalid value: {ty}"),
+                ));
+            }
+            for f in ["firstTimestamp", "lastTimestamp", "count", "source"] {
+                if !is_unset(new.get(f)) {
+                    causes.push(Cause::invalid(f, &json!(""), "needs to be unset"));
+                }
+            }
+        }
+        Some(old) => {
+            if !same_event_field(new.get("series"), old.get("series")) {
+                causes.extend(event_series_causes(new));
+            }
+            // In ValidateEventUpdate's order (it checks `reason` twice).
+            for (stored, path) in [
+                ("involvedObject", "involvedObject"),
+                ("reason", "reason"),
+                ("message", "message"),
+                ("source", "source"),
+                ("firstTimestamp", "firstTimestamp"),
+                ("lastTimestamp", "lastTimestamp"),
+                ("count", "count"),
+                ("reason", "reason"),
+                ("type", "type"),
+                ("eventTime", "eventTime"),
+                ("action", "action"),
+                ("related", "related"),
+                ("reportingComponent", "reportingController"),
+                ("reportingInstance", "reportingInstance"),
+            ] {
+                if !same_event_field(new.get(stored), old.get(stored)) {
+                    causes.push(Cause::invalid(
+                        path,
+                        new.get(stored).unwrap_or(&Value::Null),
+                        "field is immutable",
+                    ));
+                }
+            }
+        }
+    }
+    causes
+}
+
+/// A Go zero value: absent, null, "", 0, false, or an object of zero values.
+fn is_unset(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => true,
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        Some(Value::Bool(b)) => !b,
+        Some(Value::Object(m)) => m.values().all(|v| is_unset(Some(v))),
+        Some(Value::Array(a)) => a.is_empty(),
+    }
+}
+
+/// Equal as Go structs: zero values and absent fields compare equal.
+fn same_event_field(a: Option<&Value>, b: Option<&Value>) -> bool {
+    without_zero(a) == without_zero(b)
+}
+
+/// A value with its zero-valued fields dropped (null when it is all zero).
+fn without_zero(v: Option<&Value>) -> Value {
+    match v {
+        _ if is_unset(v) => Value::Null,
+        Some(Value::Object(m)) => Value::Object(
+            m.iter()
+                .filter(|(_, x)| !is_unset(Some(x)))
+                .map(|(k, x)| (k.clone(), without_zero(Some(x))))
+                .collect(),
+        ),
+        Some(other) => other.clone(),
+        None => Value::Null,
+    }
+}
+
+fn event_series_causes(ev: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    if let Some(series) = ev.get("series").filter(|s| !s.is_null()) {
+        if series.get("count").and_then(Value::as_i64).unwrap_or(0) < 2 {
+            causes.push(Cause::invalid(
+                "series.count",
+                &json!(""),
+                "should be at least 2",
+            ));
+        }
+        if is_unset(series.get("lastObservedTime")) {
+            causes.push(Cause::required("series.lastObservedTime", ""));
+        }
+    }
+    causes
+}
+
+/// `legacyValidateEvent`: namespaces agree; an Event with an `eventTime` names its
+/// reporter, action and reason within their limits.
+fn legacy_event_causes(ev: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let ns = str_at(ev, "/metadata/namespace").unwrap_or("");
+    let inv_ns = str_at(ev, "/involvedObject/namespace").unwrap_or("");
+    let mismatch = || {
+        Cause::invalid(
+            "involvedObject.namespace",
+            &json!(inv_ns),
+            "does not match event.namespace",
+        )
+    };
+    let len = |f: &str| str_at(ev, f).map_or(0, str::len);
+    if is_unset(ev.get("eventTime")) {
+        if (inv_ns.is_empty() && !ns.is_empty() && ns != "default")
+            || (!inv_ns.is_empty() && ns != inv_ns)
+        {
+            causes.push(mismatch());
+        }
+        return causes;
+    }
+    if inv_ns.is_empty() && ns != "default" && ns != "kube-system" {
+        causes.push(mismatch());
+    }
+    let controller = str_at(ev, "/reportingComponent").unwrap_or("");
+    if controller.is_empty() {
+        causes.push(Cause::required("reportingController", ""));
+    }
+    if !is_qualified_name(controller) {
+        causes.push(Cause::invalid(
+            "reportingController",
+            &json!(controller),
+            "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+        ));
+    }
+    for (field, path, limit) in [
+        ("/reportingInstance", "reportingInstance", 128),
+        ("/action", "action", 128),
+        ("/reason", "reason", 128),
+    ] {
+        if len(field) == 0 {
+            causes.push(Cause::required(path, ""));
+        }
+        if len(field) > limit {
+            causes.push(Cause::invalid(
+                path,
+                &json!(""),
+                &format!("can have at most {limit} characters"),
+            ));
+        }
+    }
+    if len("/message") > 1024 {
+        causes.push(Cause::invalid(
+            "message",
+            &json!(""),
+            "can have at most 1024 characters",
+        ));
+    }
+    causes
+}

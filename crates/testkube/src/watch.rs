@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::body::Body;
-use crate::resources::{RESOURCES, Resource};
+use crate::resources::Resource;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
 use crate::store::{Event, EventType, Store, TooOld};
@@ -31,8 +31,11 @@ pub enum Start {
 /// A watch request.
 #[derive(Clone, Debug)]
 pub struct WatchSpec {
-    /// Index of the resource in the table.
+    /// Index of the resource's storage in the table ([`crate::store::res_index`]).
     pub res: usize,
+    /// The resource the watch was asked of: objects, tables and bookmarks take its form
+    /// (events.k8s.io/v1 Events are stored as core v1 ones).
+    pub served: &'static Resource,
     /// Namespace filter.
     pub namespace: Option<String>,
     /// Label selector.
@@ -100,10 +103,11 @@ fn push_event(buf: &mut BytesMut, kind: &str, obj: &Value) {
 
 /// Writes an event, rendering the object as a one-row Table when the watch asked for
 /// Tables (column definitions on the first such event only, as kube-apiserver does).
-fn emit(buf: &mut BytesMut, spec: &WatchSpec, first: &mut bool, kind: &str, obj: &Value) {
+fn emit(buf: &mut BytesMut, spec: &WatchSpec, first: &mut bool, kind: &str, obj: &Arc<Value>) {
+    let obj = &*crate::convert::to_served(spec.served, obj.clone());
     match &spec.table {
         Some(include) if kind != "ERROR" && kind != "BOOKMARK" => {
-            let res = &RESOURCES[spec.res];
+            let res = spec.served;
             let meta = json!({"resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)});
             let t =
                 crate::table::table(res, &[obj], meta, include, *first, crate::times::now_secs());
@@ -143,7 +147,7 @@ async fn send(tx: &mpsc::Sender<Bytes>, buf: &mut BytesMut) -> bool {
 }
 
 async fn run(store: Arc<Store>, spec: WatchSpec, tx: mpsc::Sender<Bytes>) {
-    let res = &RESOURCES[spec.res];
+    let res = spec.served;
     let mut changed = store.subscribe();
     changed.borrow_and_update();
     let mut buf = BytesMut::new();
@@ -257,6 +261,7 @@ mod tests {
         let pods = find("", "v1", "pods").unwrap();
         WatchSpec {
             res: res_index(pods),
+            served: pods,
             namespace: None,
             labels: LabelSelector::parse(labels).unwrap(),
             fields: FieldSelector::default(),

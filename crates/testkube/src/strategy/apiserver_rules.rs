@@ -1035,3 +1035,102 @@ fn deletion_times_are_rfc3339_seconds() {
     assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
     assert_eq!(rfc3339(1_796_200_000), "2026-12-02T08:26:40Z");
 }
+
+/// A valid events.k8s.io/v1 Event in its stored (core v1) form.
+fn new_style_event() -> Value {
+    json!({"apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": "e", "namespace": "default"},
+        "eventTime": "2026-01-02T03:04:05.000000Z",
+        "involvedObject": {"kind": "Pod", "namespace": "default", "name": "p"},
+        "reportingComponent": "example.com/ctl", "reportingInstance": "ctl-0",
+        "action": "Probe", "reason": "Failed", "type": "Warning", "message": "m"})
+}
+
+#[test]
+fn events_k8s_io_creates_follow_validate_event_create() {
+    // pkg/apis/core/validation/events.go ValidateEventCreate: strict for events.k8s.io/v1.
+    let ev = res("events.k8s.io", "events");
+    assert!(validate_event(ev, &new_style_event(), None).is_empty());
+    let old_style = json!({"metadata": {"name": "e", "namespace": "default"},
+        "involvedObject": {"kind": "Node", "name": "n1"}, "reason": "Starting",
+        "type": "Normal", "message": "m", "count": 2, "source": {"component": "kubelet"},
+        "firstTimestamp": "2026-01-02T03:04:05Z"});
+    assert_eq!(
+        fields(&validate_event(ev, &old_style, None)),
+        ["eventTime", "firstTimestamp", "count", "source"]
+    );
+    let mut bare = new_style_event();
+    for f in ["reportingComponent", "reportingInstance", "action"] {
+        bare.as_object_mut().unwrap().remove(f);
+    }
+    bare["type"] = json!("Odd");
+    bare["series"] = json!({"count": 1});
+    assert_eq!(
+        fields(&validate_event(ev, &bare, None)),
+        [
+            "reportingController",
+            "reportingController",
+            "reportingInstance",
+            "action",
+            "series.count",
+            "series.lastObservedTime",
+            "type"
+        ]
+    );
+    // Through core v1 only the legacy rules apply.
+    assert!(validate_event(core("events"), &old_style, None).is_empty());
+    assert!(validate_event(core("configmaps"), &bare, None).is_empty());
+}
+
+#[test]
+fn legacy_event_rules_apply_through_both_groups() {
+    // legacyValidateEvent: namespaces agree; an eventTime brings the reporter rules.
+    for r in [core("events"), res("events.k8s.io", "events")] {
+        let mut e = new_style_event();
+        // With an eventTime, an involvedObject without a namespace needs the Event in
+        // default or kube-system.
+        e["metadata"]["namespace"] = json!("other");
+        e["involvedObject"]
+            .as_object_mut()
+            .unwrap()
+            .remove("namespace");
+        e["reason"] = json!("R".repeat(129));
+        assert_eq!(
+            fields(&validate_event(r, &e, None)),
+            ["involvedObject.namespace", "reason"],
+            "{}",
+            r.api_version()
+        );
+    }
+    let no_time = json!({"metadata": {"name": "e", "namespace": "ns1"},
+        "involvedObject": {"kind": "Pod", "name": "p", "namespace": "ns2"}});
+    assert_eq!(
+        fields(&validate_event(core("events"), &no_time, None)),
+        ["involvedObject.namespace"]
+    );
+}
+
+#[test]
+fn events_k8s_io_updates_change_only_series_and_metadata() {
+    // ValidateEventUpdate: every field but series and metadata is immutable there.
+    let ev = res("events.k8s.io", "events");
+    let old = new_style_event();
+    let mut new = old.clone();
+    new["series"] = json!({"count": 2, "lastObservedTime": "2026-01-02T03:05:05.000000Z"});
+    new["metadata"]["labels"] = json!({"a": "b"});
+    assert!(validate_event(ev, &new, Some(&old)).is_empty());
+    new["message"] = json!("changed");
+    new["reason"] = json!("Other");
+    new["reportingComponent"] = json!("other");
+    assert_eq!(
+        fields(&validate_event(ev, &new, Some(&old))),
+        ["reason", "message", "reason", "reportingController"]
+    );
+    // Through core v1 the same change is allowed.
+    assert!(validate_event(core("events"), &new, Some(&old)).is_empty());
+    // Zero values equal absent ones.
+    let mut zeroed = old.clone();
+    zeroed["count"] = json!(0);
+    zeroed["source"] = json!({});
+    assert!(validate_event(ev, &zeroed, Some(&old)).is_empty());
+}

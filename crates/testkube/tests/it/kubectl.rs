@@ -543,3 +543,57 @@ pf.close()
     stub.shutdown().await;
     server.shutdown().await;
 }
+
+/// What a kube-rs Recorder writes (events.k8s.io/v1) is what `kubectl get events` and
+/// `kubectl describe pod` read (core v1 Events selected by `involvedObject.*`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_shows_events_a_recorder_wrote() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let server = ApiServer::start().await.unwrap();
+    let kubectl = Kubectl {
+        bin: kubectl_bin("1.32"),
+        kubeconfig: server.kubeconfig_path().to_path_buf(),
+    };
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let p: Pod = serde_json::from_value(json!({"metadata": {"name": "web"},
+        "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}}))
+    .unwrap();
+    let p = pods.create(&PostParams::default(), &p).await.unwrap();
+    let recorder = Recorder::new(
+        server.client(),
+        Reporter {
+            controller: "example.com/probe".into(),
+            instance: Some("probe-0".into()),
+        },
+    );
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: p.metadata.name.clone(),
+        namespace: p.metadata.namespace.clone(),
+        uid: p.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: "ProbeFailed".into(),
+        note: Some("the probe timed out".into()),
+        action: "Probe".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &reference).await.unwrap();
+    let listed = kubectl
+        .ok(&["get", "events", "-o", "jsonpath={.items[*].reason}"])
+        .await;
+    assert_eq!(listed.trim(), "ProbeFailed");
+    let described = kubectl.ok(&["describe", "pod", "web"]).await;
+    let events = described
+        .split("Events:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no Events section in:\n{described}"));
+    assert!(events.contains("ProbeFailed"), "{described}");
+    assert!(events.contains("the probe timed out"), "{described}");
+    assert!(events.contains("example.com/probe"), "{described}");
+    server.shutdown().await;
+}

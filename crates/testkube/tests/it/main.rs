@@ -3,6 +3,7 @@ mod conformance;
 mod conformance_admission;
 mod conformance_bootstrap;
 mod conformance_delete;
+mod conformance_events;
 mod conformance_faults;
 mod conformance_patch;
 mod conformance_scale;
