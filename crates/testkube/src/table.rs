@@ -227,8 +227,83 @@ pub fn columns(res: &Resource) -> Vec<Value> {
             col("Holder", "string", 0),
             col("Age", "string", 0),
         ],
+        // Both event groups print core Events (one storage, one printer).
+        "events" => vec![
+            col("Last Seen", "string", 0),
+            col("Type", "string", 0),
+            col("Reason", "string", 0),
+            col("Object", "string", 0),
+            col("Subobject", "string", 1),
+            col("Source", "string", 1),
+            col("Message", "string", 0),
+            col("First Seen", "string", 1),
+            col("Count", "string", 1),
+            col("Name", "string", 1),
+        ],
         _ => vec![col("Name", "string", 0), col("Age", "string", 0)],
     }
+}
+
+/// How long ago an RFC 3339 time was, as kubectl prints ages; `<unknown>` when unset.
+fn since(t: &str, now: i64) -> String {
+    match crate::times::parse_rfc3339(t) {
+        Ok(t) => human_duration(now - t.as_second()),
+        Err(_) => "<unknown>".into(),
+    }
+}
+
+/// kube-apiserver's event row (`printEvent`): times fall back to `eventTime`, a series
+/// gives the last time and count, a singleton of the new API counts 1; the source is the
+/// legacy `source` or else the reporting controller and instance.
+fn event_cells(o: &Value, now: i64) -> Vec<Value> {
+    let first = if s(o, "/firstTimestamp").is_empty() {
+        since(s(o, "/eventTime"), now)
+    } else {
+        since(s(o, "/firstTimestamp"), now)
+    };
+    let mut last = if s(o, "/lastTimestamp").is_empty() {
+        first.clone()
+    } else {
+        since(s(o, "/lastTimestamp"), now)
+    };
+    let mut count = o.get("count").and_then(Value::as_i64).unwrap_or(0);
+    if let Some(series) = o.get("series").filter(|v| v.is_object()) {
+        last = since(s(series, "/lastObservedTime"), now);
+        count = series.get("count").and_then(Value::as_i64).unwrap_or(0);
+    } else if count == 0 {
+        count = 1;
+    }
+    let kind = s(o, "/involvedObject/kind").to_lowercase();
+    let target = match s(o, "/involvedObject/name") {
+        "" => kind,
+        name => format!("{kind}/{name}"),
+    };
+    let first_non_empty = |a: &str, b: &str| {
+        if a.is_empty() {
+            b.to_string()
+        } else {
+            a.to_string()
+        }
+    };
+    let component = first_non_empty(s(o, "/source/component"), s(o, "/reportingComponent"));
+    let instance = first_non_empty(s(o, "/source/host"), s(o, "/reportingInstance"));
+    let source = match (component.is_empty(), instance.is_empty()) {
+        (true, _) => String::new(),
+        (false, true) => component,
+        (false, false) => format!("{component}, {instance}"),
+    };
+    vec![
+        json!(last),
+        json!(s(o, "/type")),
+        json!(s(o, "/reason")),
+        json!(target),
+        json!(s(o, "/involvedObject/fieldPath")),
+        json!(source),
+        json!(s(o, "/message").trim()),
+        json!(first),
+        json!(count),
+        json!(s(o, "/metadata/name")),
+    ]
 }
 
 fn cells(res: &Resource, o: &Value, now: i64) -> Vec<Value> {
@@ -265,6 +340,10 @@ fn cells(res: &Resource, o: &Value, now: i64) -> Vec<Value> {
         "configmaps" => vec![name, json!(count(o, "/data") + count(o, "/binaryData")), a],
         "secrets" => vec![name, json!(s(o, "/type")), json!(count(o, "/data")), a],
         "leases" => vec![name, json!(s(o, "/spec/holderIdentity")), a],
+        "events" if crate::convert::is_events_v1(res) => {
+            event_cells(&crate::convert::events_v1_to_core(o), now)
+        }
+        "events" => event_cells(o, now),
         _ => vec![name, a],
     }
 }
@@ -360,5 +439,75 @@ mod tests {
             (c[1].as_str(), c[2].as_str(), c[3].as_str()),
             (Some("1/1"), Some("Terminating"), Some("2"))
         );
+    }
+
+    #[test]
+    fn event_rows_print_as_kube_apiservers_in_both_groups() {
+        let t0 = 1_800_000_000;
+        let at = |secs: i64| {
+            jiff::Timestamp::from_second(t0 - secs)
+                .unwrap()
+                .strftime("%Y-%m-%dT%H:%M:%SZ")
+                .to_string()
+        };
+        let core = find("", "v1", "events").unwrap();
+        let events_v1 = find("events.k8s.io", "v1", "events").unwrap();
+        assert_eq!(columns(core), columns(events_v1));
+        assert_eq!(
+            columns(core)
+                .iter()
+                .filter(|c| c["priority"] == 0)
+                .map(|c| c["name"].as_str().unwrap())
+                .collect::<Vec<_>>(),
+            ["Last Seen", "Type", "Reason", "Object", "Message"]
+        );
+        // What a Recorder writes (events.k8s.io/v1): eventTime, no series yet.
+        let recorded = json!({"metadata": {"name": "p.1"}, "eventTime": format!("{}.000000Z", &at(30)[..19]),
+            "type": "Normal", "reason": "Provisioned", "note": "made it ",
+            "regarding": {"kind": "Pod", "name": "p"}, "reportingController": "nebula-manager",
+            "reportingInstance": "i1", "action": "Provision"});
+        let row = cells(events_v1, &recorded, t0);
+        assert_eq!(
+            row,
+            [
+                json!("30s"),
+                json!("Normal"),
+                json!("Provisioned"),
+                json!("pod/p"),
+                json!(""),
+                json!("nebula-manager, i1"),
+                json!("made it"),
+                json!("30s"),
+                json!(1),
+                json!("p.1")
+            ]
+        );
+        // A legacy event: counted, with first and last times and a source without host.
+        let legacy = json!({"metadata": {"name": "n.2"}, "type": "Warning", "reason": "Down",
+            "message": "m", "involvedObject": {"kind": "Node", "name": "n", "fieldPath": "spec"},
+            "source": {"component": "kubelet"}, "firstTimestamp": at(600), "lastTimestamp": at(5),
+            "count": 4});
+        let row = cells(core, &legacy, t0);
+        assert_eq!(
+            row,
+            [
+                json!("5s"),
+                json!("Warning"),
+                json!("Down"),
+                json!("node/n"),
+                json!("spec"),
+                json!("kubelet"),
+                json!("m"),
+                json!("10m"),
+                json!(4),
+                json!("n.2")
+            ]
+        );
+        // A series gives the last time and the count.
+        let mut series = legacy;
+        series["series"] =
+            json!({"count": 9, "lastObservedTime": format!("{}.000000Z", &at(1)[..19])});
+        let row = cells(core, &series, t0);
+        assert_eq!((row[0].clone(), row[8].clone()), (json!("1s"), json!(9)));
     }
 }

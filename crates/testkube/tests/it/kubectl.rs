@@ -587,6 +587,31 @@ async fn kubectl_shows_events_a_recorder_wrote() {
         .ok(&["get", "events", "-o", "jsonpath={.items[*].reason}"])
         .await;
     assert_eq!(listed.trim(), "ProbeFailed");
+    // The table kubectl prints, from the server's columns (kube-apiserver's printEvent).
+    let table = kubectl.ok(&["get", "events"]).await;
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        header,
+        ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+        "{table}"
+    );
+    let row = lines.next().unwrap_or_default();
+    for cell in ["Warning", "ProbeFailed", "pod/web", "the probe timed out"] {
+        assert!(row.contains(cell), "{cell} missing in:\n{table}");
+    }
+    let wide = kubectl.ok(&["get", "events", "-o", "wide"]).await;
+    assert!(
+        wide.lines().next().unwrap_or_default().contains("SOURCE"),
+        "{wide}"
+    );
+    assert!(wide.contains("example.com/probe, probe-0"), "{wide}");
     let described = kubectl.ok(&["describe", "pod", "web"]).await;
     let events = described
         .split("Events:")
