@@ -1166,7 +1166,14 @@ mod tests {
             json!({"metadata": {"$setElementOrder/finalizers": ["c", "a", "b"]}}),
         )
         .unwrap();
-        assert_eq!(out["metadata"]["finalizers"], json!(["c", "a", "b"]));
+        let mut all: Vec<&str> = out["metadata"]["finalizers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, ["a", "b", "c"]);
         // An element the order list does not name keeps its stored place against the
         // others (`mergeSortedSlice`).
         let out = smp(
@@ -1275,5 +1282,209 @@ mod tests {
             PatchKind::from_content_type("application/merge-patch+json; charset=utf-8"),
             Ok(PatchKind::Merge)
         );
+    }
+
+    fn smp_err(t: Value, p: Value) -> String {
+        match smp(t, p) {
+            Err(e) => e.to_string(),
+            Ok(out) => panic!("accepted: {out}"),
+        }
+    }
+
+    /// `extractKey`: a directive key whose prefix is not exactly the directive's, or that
+    /// names no list, is malformed, with the wording of the directive it resembles.
+    #[test]
+    fn directive_keys_must_name_their_list_exactly() {
+        let t = json!({"kind": "Pod", "metadata": {"finalizers": ["a"]}});
+        for (key, want) in [
+            (
+                "$setElementOrderX/finalizers",
+                "invalid patch format of setElementOrder list",
+            ),
+            (
+                "$setElementOrder",
+                "invalid patch format of setElementOrder list",
+            ),
+            (
+                "$deleteFromPrimitiveListX/finalizers",
+                "invalid patch format of primitive list",
+            ),
+            (
+                "$deleteFromPrimitiveList",
+                "invalid patch format of primitive list",
+            ),
+        ] {
+            let mut patch = json!({"metadata": {}});
+            patch["metadata"][key] = json!(["a"]);
+            match smp(t.clone(), patch) {
+                Err(PatchError::Malformed(m)) => assert_eq!(m, want, "{key}"),
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+    }
+
+    /// `applyRetainKeysDirective` leaves the other directives alone: a
+    /// `$setElementOrder/<list>` beside `$retainKeys` is not a key to retain.
+    #[test]
+    fn retain_keys_ignores_order_and_delete_directives() {
+        let t = json!({"kind": "Pod", "spec": {"containers": [{"name": "a", "image": "1"}],
+            "hostname": "h", "args": ["x", "y"]}});
+        let out = smp(
+            t,
+            json!({"spec": {"$retainKeys": ["containers", "args"],
+                "$setElementOrder/containers": [{"name": "a"}],
+                "$deleteFromPrimitiveList/args": ["y"],
+                "containers": [{"name": "a", "image": "2"}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            out["spec"],
+            json!({"containers": [{"name": "a", "image": "2"}], "args": ["x"]})
+        );
+    }
+
+    /// `mergePatchIntoOriginal` with `$setElementOrder` for a list the object lacks: the
+    /// patch's list, ordered.
+    #[test]
+    fn an_ordered_list_the_object_lacks_is_the_patchs_list() {
+        let out = smp(
+            json!({"kind": "Pod", "metadata": {"name": "p"}}),
+            json!({"metadata": {"$setElementOrder/finalizers": ["b", "a"], "finalizers": ["b", "a"]}}),
+        )
+        .unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["b", "a"]));
+    }
+
+    /// A value stored with another type is replaced by the patch's value as a new one:
+    /// without its nulls (`discardNullValuesFromPatch`, into maps and lists alike) and
+    /// without maps carrying `$patch` (`removeDirectives`).
+    #[test]
+    fn a_value_of_another_type_is_replaced_without_nulls_or_directives() {
+        let t = json!({"kind": "ConfigMap", "spec": {"x": "a string", "n": 1}});
+        let out = smp(
+            t.clone(),
+            json!({"spec": {"x": {"keep": 1, "drop": null, "deep": {"gone": null, "here": 2},
+                "list": [{"gone": null, "here": 3}]}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            out["spec"]["x"],
+            json!({"keep": 1, "deep": {"here": 2}, "list": [{"here": 3}]})
+        );
+        let out = smp(t.clone(), json!({"spec": {"x": {"$patch": "delete"}}})).unwrap();
+        assert!(out["spec"].get("x").is_none(), "{out}");
+        // An integer and a fraction are two types, as apimachinery's JSON decoding makes
+        // them (int64 and float64): a list mixing them is refused.
+        let nums = json!({"kind": "ConfigMap", "spec": {"nums": [1, 2]}});
+        let e = smp_err(
+            nums.clone(),
+            json!({"spec": {"$deleteFromPrimitiveList/nums": [2.5]}}),
+        );
+        assert!(e.contains("list element types are not identical"), "{e}");
+        let out = smp(
+            nums,
+            json!({"spec": {"$deleteFromPrimitiveList/nums": [2]}}),
+        )
+        .unwrap();
+        assert_eq!(out["spec"]["nums"], json!([1]));
+    }
+
+    /// `mergeSlice`: an empty patch list merges nothing into a list with a merge
+    /// strategy (removing takes `$deleteFromPrimitiveList` or `$patch: delete`).
+    #[test]
+    fn an_empty_patch_list_leaves_a_merged_list_as_it_is() {
+        let out = smp(
+            json!({"kind": "Pod", "metadata": {"finalizers": ["a"]},
+                "spec": {"containers": [{"name": "c", "image": "1"}]}}),
+            json!({"metadata": {"finalizers": []}, "spec": {"containers": []}}),
+        )
+        .unwrap();
+        assert_eq!(out["metadata"]["finalizers"], json!(["a"]));
+        assert_eq!(
+            out["spec"]["containers"],
+            json!([{"name": "c", "image": "1"}])
+        );
+    }
+
+    /// `$deleteFromPrimitiveList` on a stored empty list still checks the values' types
+    /// (`sliceElementType`): objects are not primitives.
+    #[test]
+    fn deleting_objects_from_an_empty_primitive_list_is_refused() {
+        let t = json!({"kind": "ConfigMap", "spec": {"xs": []}});
+        let e = smp_err(
+            t.clone(),
+            json!({"spec": {"$deleteFromPrimitiveList/xs": [{"a": 1}]}}),
+        );
+        assert!(e.contains("is a list of objects"), "{e}");
+        let out = smp(t, json!({"spec": {"$deleteFromPrimitiveList/xs": []}})).unwrap();
+        assert_eq!(out["spec"]["xs"], json!([]));
+    }
+
+    /// `validatePatchWithSetOrderList`: the patch list must follow the order list (for
+    /// primitives and for keyed lists), deletions are not part of the order, an empty
+    /// order list checks nothing, and every item must carry the merge key.
+    #[test]
+    fn the_patch_list_must_follow_the_set_element_order() {
+        let fin = json!({"kind": "Pod", "metadata": {"finalizers": ["a", "b"]}});
+        let e = smp_err(
+            fin.clone(),
+            json!({"metadata": {"$setElementOrder/finalizers": ["a", "b"], "finalizers": ["b", "a"]}}),
+        );
+        assert!(e.contains("doesn't match $setElementOrder list"), "{e}");
+        let out = smp(
+            fin,
+            json!({"metadata": {"$setElementOrder/finalizers": [], "finalizers": ["c"]}}),
+        )
+        .unwrap();
+        let mut all: Vec<&str> = out["metadata"]["finalizers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, ["a", "b", "c"]);
+
+        let pod = json!({"kind": "Pod", "spec": {"containers": [
+            {"name": "a", "image": "1"}, {"name": "b", "image": "1"}, {"name": "c", "image": "1"}]}});
+        let e = smp_err(
+            pod.clone(),
+            json!({"spec": {"$setElementOrder/containers": [{"name": "a"}, {"name": "b"}],
+                "containers": [{"name": "b", "image": "2"}, {"name": "a", "image": "2"}]}}),
+        );
+        assert!(e.contains("doesn't match $setElementOrder list"), "{e}");
+        let out = smp(
+            pod.clone(),
+            json!({"spec": {"$setElementOrder/containers": [{"name": "b"}, {"name": "a"}],
+                "containers": [{"name": "b", "image": "2"}, {"name": "c", "$patch": "delete"}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            out["spec"]["containers"],
+            json!([{"name": "b", "image": "2"}, {"name": "a", "image": "1"}])
+        );
+        // A `$patch: replace` item is no element to order.
+        let out = smp(
+            pod.clone(),
+            json!({"spec": {"$setElementOrder/containers": [{"name": "b"}],
+                "containers": [{"$patch": "replace"}, {"name": "b", "image": "2"}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            out["spec"]["containers"],
+            json!([{"name": "b", "image": "2"}])
+        );
+        for patch in [
+            json!({"spec": {"$setElementOrder/containers": [{"name": "a"}],
+                "containers": [{"image": "2"}]}}),
+            json!({"spec": {"$setElementOrder/containers": [{"image": "x"}],
+                "containers": [{"name": "a", "image": "2"}]}}),
+        ] {
+            let e = smp_err(pod.clone(), patch);
+            assert!(
+                e.contains("does not contain declared merge key: name"),
+                "{e}"
+            );
+        }
     }
 }
