@@ -101,6 +101,7 @@ const MUTANT_CORES: &[(&str, &[&str], &[&str])] = &[
         &[
             "crates/testkube/src/strategy.rs",
             "crates/testkube/src/patch.rs",
+            "crates/testkube/src/admission.rs",
         ],
         &["--lib"],
     ),

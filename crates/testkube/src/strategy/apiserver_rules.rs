@@ -1111,6 +1111,51 @@ fn legacy_event_rules_apply_through_both_groups() {
 }
 
 #[test]
+fn legacy_event_namespaces_and_limits_at_their_edges() {
+    // legacyValidateEvent, without an eventTime: an involvedObject without a namespace
+    // needs the Event in "" or default; with one, the namespaces must be equal.
+    let no_time = |ns: &str, inv_ns: Option<&str>| {
+        let mut e = json!({"metadata": {"name": "e", "namespace": ns},
+            "involvedObject": {"kind": "Pod", "name": "p"}});
+        if let Some(i) = inv_ns {
+            e["involvedObject"]["namespace"] = json!(i);
+        }
+        fields(&validate_event(core("events"), &e, None))
+            .into_iter()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(no_time("ns1", None), ["involvedObject.namespace"]);
+    assert!(no_time("default", None).is_empty());
+    assert!(no_time("ns1", Some("ns1")).is_empty());
+    // With an eventTime only a missing involvedObject namespace is checked (default and
+    // kube-system allowed): a different one is not refused.
+    let mut e = new_style_event();
+    e["metadata"]["namespace"] = json!("other");
+    e["involvedObject"]["namespace"] = json!("elsewhere");
+    assert!(fields(&validate_event(core("events"), &e, None)).is_empty());
+    e["metadata"]["namespace"] = json!("kube-system");
+    e["involvedObject"]
+        .as_object_mut()
+        .unwrap()
+        .remove("namespace");
+    assert!(fields(&validate_event(core("events"), &e, None)).is_empty());
+    // Limits: 128 characters for reason, action and reportingInstance, 1024 for message.
+    let mut e = new_style_event();
+    e["reason"] = json!("R".repeat(128));
+    e["action"] = json!("A".repeat(128));
+    e["reportingInstance"] = json!("i".repeat(128));
+    e["message"] = json!("m".repeat(1024));
+    assert!(fields(&validate_event(core("events"), &e, None)).is_empty());
+    e["action"] = json!("A".repeat(129));
+    e["message"] = json!("m".repeat(1025));
+    assert_eq!(
+        fields(&validate_event(core("events"), &e, None)),
+        ["action", "message"]
+    );
+}
+
+#[test]
 fn events_k8s_io_updates_change_only_series_and_metadata() {
     // ValidateEventUpdate: every field but series and metadata is immutable there.
     let ev = res("events.k8s.io", "events");
@@ -1132,5 +1177,21 @@ fn events_k8s_io_updates_change_only_series_and_metadata() {
     let mut zeroed = old.clone();
     zeroed["count"] = json!(0);
     zeroed["source"] = json!({});
+    zeroed["involvedObject"]["fieldPath"] = json!("");
     assert!(validate_event(ev, &zeroed, Some(&old)).is_empty());
+    // A field inside the regarded object is compared too.
+    let mut moved = old.clone();
+    moved["involvedObject"]["name"] = json!("q");
+    assert_eq!(
+        fields(&validate_event(ev, &moved, Some(&old))),
+        ["involvedObject"]
+    );
+    // A changed series is validated (ValidateEventUpdate calls validateEventSeries when
+    // it changed): a count below 2 is refused.
+    let mut series = old.clone();
+    series["series"] = json!({"count": 1, "lastObservedTime": "2026-01-02T03:05:05.000000Z"});
+    assert_eq!(
+        fields(&validate_event(ev, &series, Some(&old))),
+        ["series.count"]
+    );
 }
