@@ -218,6 +218,26 @@ fn api_err(what: &'static str, pod: &Pod) -> impl FnOnce(kube::Error) -> SyncErr
     move |source| SyncError::Api { what, pod, source }
 }
 
+/// One merge patch of `pod`'s status, counted as a status write; `what` names it in the
+/// error.
+async fn write_status(
+    ctx: &Ctx,
+    pod: &Pod,
+    patch: &serde_json::Value,
+    what: &'static str,
+) -> Result<(), SyncError> {
+    pods_api(&ctx.client, pod)
+        .patch_status(
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .map_err(api_err(what, pod))?;
+    Metrics::inc(&ctx.metrics.status_writes);
+    Ok(())
+}
+
 fn is_conflict(e: &SyncError) -> bool {
     matches!(e, SyncError::Api { source: kube::Error::Api(s), .. } if s.code == 409)
 }
@@ -360,15 +380,7 @@ async fn fail_past_deadline(ctx: &Ctx, pod: &Pod) -> Result<(), SyncError> {
     else {
         return Ok(());
     };
-    pods_api(&ctx.client, pod)
-        .patch_status(
-            pod.metadata.name.as_deref().unwrap_or_default(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(api_err("failing (deadline exceeded)", pod))?;
-    Metrics::inc(&ctx.metrics.status_writes);
+    write_status(ctx, pod, &patch, "failing (deadline exceeded)").await?;
     Metrics::inc(&ctx.metrics.deadlines_exceeded);
     info!("pod failed: its active deadline passed");
     publish(
@@ -470,10 +482,7 @@ async fn write_observed(
         ensure_connect_secret(ctx, &current, instance).await?;
     }
     if let Some(patch) = status::status_patch(&current, observed, Timestamp::now()) {
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(api_err("writing the status of", pod))?;
-        Metrics::inc(&ctx.metrics.status_writes);
+        write_status(ctx, &current, &patch, "writing the status of").await?;
     }
     Ok(())
 }
@@ -691,16 +700,7 @@ async fn write_spec_condition(
         "metadata": {"resourceVersion": pod.metadata.resource_version},
         "status": {"conditions": conditions},
     });
-    pods_api(&ctx.client, pod)
-        .patch_status(
-            pod.metadata.name.as_deref().unwrap_or_default(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(api_err("writing the SpecApplied condition of", pod))?;
-    Metrics::inc(&ctx.metrics.status_writes);
-    Ok(())
+    write_status(ctx, pod, &patch, "writing the SpecApplied condition of").await
 }
 
 async fn delete_pod(ctx: &Ctx, pod: &Pod) -> Result<(), SyncError> {
