@@ -110,6 +110,12 @@ pub struct Handler {
     epoch: std::sync::atomic::AtomicU64,
     /// Claims whose instance is being updated.
     updating: Mutex<std::collections::HashSet<ClaimKey>>,
+    /// Claims this handler provisioned whose pod does not say so yet (its applied-spec
+    /// annotation not written), with the fingerprint of the spec they were provisioned
+    /// from: when that write fails, the retry records it instead of taking the pod for
+    /// changed and pushing the same spec again as an update. Only pods in that window
+    /// have an entry.
+    provisioned: Mutex<HashMap<ClaimKey, SmallStr>>,
     /// `namespace/name` -> claim of every pod this handler has looked up or created: the
     /// kubelet API only has the pod's name, and the claim needs its UID.
     names: Mutex<HashMap<SmallStr, ClaimKey>>,
@@ -147,6 +153,7 @@ impl Handler {
             cold: tokio::sync::Mutex::new(None),
             epoch: std::sync::atomic::AtomicU64::new(0),
             updating: Mutex::default(),
+            provisioned: Mutex::default(),
             crash,
             metrics,
         }
@@ -167,6 +174,27 @@ impl Handler {
         lock(&self.tracked)
             .get(&ClaimKey::new(claim))
             .map(|e| e.id.to_string())
+    }
+
+    /// Notes that `claim` was provisioned from the spec whose fingerprint is
+    /// `fingerprint`, until [`Handler::provisioned_recorded`] says the pod carries it.
+    pub fn provisioned_from(&self, claim: &str, fingerprint: &str) {
+        lock(&self.provisioned).insert(ClaimKey::new(claim), SmallStr::from(fingerprint));
+    }
+
+    /// The fingerprint `claim` was provisioned from, while its pod does not record it.
+    pub fn provisioned_spec(&self, claim: &str) -> Option<String> {
+        lock(&self.provisioned)
+            .get(&ClaimKey::new(claim))
+            .map(|f| f.as_str().to_string())
+    }
+
+    /// The pod of `claim` records what its instance was given: nothing to remember.
+    pub fn provisioned_recorded(&self, claim: &str) {
+        let mut provisioned = lock(&self.provisioned);
+        if !provisioned.is_empty() {
+            provisioned.remove(&ClaimKey::new(claim));
+        }
     }
 
     /// The current epoch: entries recorded from now on carry a larger one.
@@ -433,6 +461,7 @@ impl Handler {
         })?;
         lock(&self.tracked).remove(&key);
         lock(&self.updating).remove(&key);
+        lock(&self.provisioned).remove(&key);
         self.forget_name(&key);
         if let Some(m) = self.cold.lock().await.as_mut() {
             m.remove(claim);
@@ -445,6 +474,7 @@ impl Handler {
     pub fn forget(&self, claim: &str) {
         let key = ClaimKey::new(claim);
         lock(&self.tracked).remove(&key);
+        lock(&self.provisioned).remove(&key);
         self.forget_name(&key);
     }
 }

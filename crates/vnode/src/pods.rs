@@ -278,13 +278,33 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<(), SyncError> {
                 )
                 .await;
             }
-            if let Ok(Some(instance)) = ctx.handler.provider().status(&found.instance_id).await {
-                write_observed(ctx, &pod, &Observed::Instance(&instance), None).await?;
-            }
             let annotations = pod.metadata.annotations.as_ref();
             let desired = annotations.and_then(|a| a.get(DESIRED_SPEC_KEY));
-            let applied = annotations.and_then(|a| a.get(common::keys::APPLIED_SPEC_ANNOTATION));
-            if desired.is_some() && desired != applied {
+            let applied = annotations
+                .and_then(|a| a.get(common::keys::APPLIED_SPEC_ANNOTATION))
+                .cloned();
+            // Provisioned here, but the write that records it failed: record it now.
+            let provisioned = match &applied {
+                None => ctx.handler.provisioned_spec(&found.claim),
+                Some(_) => {
+                    ctx.handler.provisioned_recorded(&found.claim);
+                    None
+                }
+            };
+            if let Ok(Some(instance)) = ctx.handler.provider().status(&found.instance_id).await {
+                write_observed(
+                    ctx,
+                    &pod,
+                    &Observed::Instance(&instance),
+                    provisioned.as_deref(),
+                )
+                .await?;
+                if provisioned.is_some() {
+                    ctx.handler.provisioned_recorded(&found.claim);
+                }
+            }
+            let applied = applied.or(provisioned);
+            if desired.is_some() && desired != applied.as_ref() {
                 push_update(ctx, &pod, &found.instance_id).await?;
             }
             Ok(())
@@ -329,6 +349,9 @@ async fn create_pod(ctx: &Ctx, pod: &Pod) -> Result<(), SyncError> {
             // What was provisioned is this snapshot's mutable fields: recorded with the
             // instance id, so only a later change is pushed as an update.
             let applied = annotation(pod, DESIRED_SPEC_KEY).map(str::to_string);
+            if let (Some(claim), Some(fp)) = (claim_name(pod), applied.as_deref()) {
+                ctx.handler.provisioned_from(&claim, fp);
+            }
             write_observed(ctx, pod, &Observed::Instance(&instance), applied.as_deref()).await
         }
         Err(ProviderError::Refused { scope, reason }) => {

@@ -47,6 +47,43 @@ fn applied(p: &Pod) -> Option<String> {
     annotation(p, ::common::keys::APPLIED_SPEC_ANNOTATION).map(str::to_string)
 }
 
+/// A metadata write that fails right after provisioning (a conflict here, as the API
+/// server answers when the pod changed meanwhile) leaves the pod without its applied-spec
+/// annotation; the retry must record what was provisioned, not push that same spec to
+/// the provider again as an update.
+#[tokio::test]
+async fn a_failed_first_metadata_write_does_not_turn_into_an_update() -> anyhow::Result<()> {
+    let MemoryRig {
+        server,
+        provider,
+        running: _running,
+        pods,
+        ..
+    } = memory_rig().await?;
+    server.inject(
+        testkube::Fault::new(testkube::FaultKind::Status(409))
+            .verb("patch")
+            .resource("pods")
+            .times(1),
+    );
+    create(&pods, &pod("web", "nebula-mem", &["serve"])).await?;
+    let p = wait_for("the applied-spec annotation after the retry", || async {
+        let p = pods.get("web").await?;
+        Ok((applied(&p).is_some()).then_some(p))
+    })
+    .await?;
+    assert_eq!(applied(&p), vnode::pod_spec_fingerprint(&p));
+    wait_running(&pods, "web").await?;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(provider.calls.created.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        provider.calls.updates.load(Ordering::Relaxed),
+        0,
+        "the provisioned spec was pushed again as an update"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_label_and_an_image_change_reach_the_provider_once_each() -> anyhow::Result<()> {
     let MemoryRig {
