@@ -41,7 +41,8 @@ pub fn verdict(owner_refs: &[Value], gone: &dyn Fn(&str) -> bool) -> Verdict {
     }
 }
 
-fn finalizers(o: &Value) -> Vec<String> {
+/// The finalizers an object lists (strings only).
+pub(crate) fn finalizers(o: &Value) -> Vec<String> {
     o.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
         .map(|a| {

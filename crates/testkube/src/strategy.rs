@@ -788,14 +788,7 @@ pub fn validate_meta_update(new: &Value, old: &Value) -> Vec<Cause> {
 /// Removing finalizers, reordering them or keeping the same set is allowed.
 fn no_new_finalizers(new: &Value, old: &Value) -> Option<Cause> {
     let fins = |v: &Value| -> std::collections::BTreeSet<String> {
-        v.pointer("/metadata/finalizers")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|f| f.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
+        crate::gc::finalizers(v).into_iter().collect()
     };
     let old_f = fins(old);
     let extra: Vec<String> = fins(new)

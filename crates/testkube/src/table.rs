@@ -69,10 +69,7 @@ fn s<'a>(o: &'a Value, p: &str) -> &'a str {
 }
 
 fn age(o: &Value, now: i64) -> String {
-    match crate::times::parse_rfc3339(s(o, "/metadata/creationTimestamp")) {
-        Ok(t) => human_duration(now - t.as_second()),
-        Err(_) => "<unknown>".into(),
-    }
+    since(s(o, "/metadata/creationTimestamp"), now)
 }
 
 fn col(name: &str, ty: &str, priority: u8) -> Value {
